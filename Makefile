@@ -1,0 +1,31 @@
+# Every target bootstraps the virtual environment it needs; humans and CI call the same ones.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf .demo && mkdir -p .demo
+	cd .demo && ../$(BIN)/roadie demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py --write docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

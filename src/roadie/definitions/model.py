@@ -1,0 +1,183 @@
+"""The shape of an event definition, validated by Pydantic.
+
+These models check structure only. Whether each step's action exists and whether its
+`with:` fits the action's parameter schema is checked against the registry by
+`roadie.definitions.loader`, which also maps every error back to its line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from roadie.durations import Duration
+from roadie.states import CleanupPolicy, OnError
+
+ParamType = Literal["str", "int", "float", "bool", "list", "dict"]
+_PY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "list": list,
+    "dict": dict,
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class ParamSpec(_Strict):
+    """One input of an event: its type, a default, and optional bounds or choices."""
+
+    type: ParamType = "str"
+    default: Any = None
+    required: bool = False
+    description: str = ""
+    min: float | None = None
+    max: float | None = None
+    choices: list[Any] | None = None
+
+    def coerce(self, name: str, value: Any) -> Any:
+        """The value as this parameter's type, or ValueError saying why not."""
+        if self.type == "int" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        elif self.type == "float" and isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        elif self.type == "bool" and isinstance(value, str):
+            lowered = value.strip().lower()
+            if lowered in ("true", "yes", "on", "1"):
+                value = True
+            elif lowered in ("false", "no", "off", "0"):
+                value = False
+        expected = _PY_TYPES[self.type]
+        if not isinstance(value, expected) or (self.type in ("int", "float") and isinstance(value, bool)):
+            raise ValueError(f"param {name!r} must be {self.type}, got {value!r}")
+        number: Any = value  # only compared when min or max is set, which only numbers have
+        if self.min is not None and number < self.min:
+            raise ValueError(f"param {name!r} must be at least {self.min:g}, got {value!r}")
+        if self.max is not None and number > self.max:
+            raise ValueError(f"param {name!r} must be at most {self.max:g}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"param {name!r} must be one of {self.choices}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _default_fits(self) -> ParamSpec:
+        if self.default is not None:
+            self.coerce("default", self.default)
+        return self
+
+
+class RetryPolicy(_Strict):
+    """How often a retryable failure is tried again, and how long to wait between tries."""
+
+    attempts: int = Field(3, ge=1, le=100)
+    backoff: Duration = 1.0
+    max_backoff: Duration = 300.0
+    jitter: float = Field(0.2, ge=0.0, le=1.0)
+
+    def delay(self, attempt: int, rand: float) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based); `rand` in [0, 1)."""
+        base = min(self.max_backoff, self.backoff * 2.0 ** (attempt - 1))
+        return float(base * (1 - self.jitter + 2 * self.jitter * rand))
+
+
+class StepDef(_Strict):
+    action: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    name: str | None = None
+    retry: RetryPolicy = RetryPolicy()
+    timeout: Duration = 30.0
+    on_error: OnError = OnError.FAIL
+
+    @field_validator("action")
+    @classmethod
+    def _dotted(cls, value: str) -> str:
+        if "." not in value:
+            raise ValueError(f"action {value!r} must be 'module.action'")
+        return value
+
+
+class PhaseDef(_Strict):
+    name: str = Field(min_length=1, max_length=100)
+    after: Duration = 0.0
+    steps: list[StepDef] = Field(min_length=1)
+
+
+class EventDefinition(_Strict):
+    """A validated event: what an operator wrote, before any parameter is substituted."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$")
+    title: str = ""
+    description: str = ""
+    params: dict[str, ParamSpec] = Field(default_factory=dict)
+    duration: Duration = 0.0
+    cleanup: CleanupPolicy = CleanupPolicy.AUTO
+    phases: list[PhaseDef] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_phase_names(self) -> EventDefinition:
+        seen: set[str] = set()
+        for phase in self.phases:
+            if phase.name in seen:
+                raise ValueError(f"phase name {phase.name!r} is used twice")
+            seen.add(phase.name)
+        return self
+
+    def resolve_params(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The run's parameters: given values coerced, defaults filled, unknowns refused."""
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            raise ValueError(f"unknown param {unknown[0]!r} (this event takes: {', '.join(self.params) or 'none'})")
+        resolved: dict[str, Any] = {}
+        for name, spec in self.params.items():
+            if name in given:
+                resolved[name] = spec.coerce(name, given[name])
+            elif spec.default is not None:
+                resolved[name] = spec.default
+            elif spec.required:
+                raise ValueError(f"param {name!r} is required")
+            else:
+                resolved[name] = None
+        return resolved
+
+
+class RenderedStep(BaseModel):
+    """A step with its parameters substituted and validated: what a run freezes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: int
+    seq: int
+    name: str
+    action: str
+    params: dict[str, Any]
+    retry: RetryPolicy
+    timeout: float
+    on_error: OnError
+
+
+class RenderedPhase(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    after: float
+    steps: list[RenderedStep]
+
+
+class FrozenDefinition(BaseModel):
+    """What a run keeps: the definition as it was, its params, and every step rendered.
+
+    Editing the event later never changes a run in flight, because a run reads only this.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    event: EventDefinition
+    params: dict[str, Any]
+    phases: list[RenderedPhase]

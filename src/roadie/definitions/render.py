@@ -1,0 +1,353 @@
+"""Substitute a run's parameters into an event and validate every step: what a run freezes.
+
+Templates are Jinja, evaluated in a sandbox with strict undefined names, because event
+files are written by staff, not by developers, and may arrive through the HTTP API. A value
+that is exactly one expression (`"{{ count }}"`) keeps the expression's own type, so an
+`int` param reaches the action as an int and a list as a list; any other template renders
+to a string.
+
+The helpers that turn a Pydantic error into an operator's message live here too, because
+both halves — the loader checking a file and `render` checking a run — report them alike.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from functools import lru_cache
+from typing import Any, Union, get_args, get_origin
+
+from jinja2 import StrictUndefined, Undefined
+from jinja2.environment import Template, TemplateExpression
+from jinja2.exceptions import SecurityError, TemplateSyntaxError, UndefinedError
+from jinja2.runtime import Context
+from jinja2.sandbox import SandboxedEnvironment
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from roadie.definitions.model import (
+    EventDefinition,
+    FrozenDefinition,
+    RenderedPhase,
+    RenderedStep,
+)
+from roadie.errors import DefinitionError, Problem, UnknownAction
+from roadie.registry.registry import Registry
+
+FieldPath = tuple[str | int, ...]
+
+RESERVED_NAMES = frozenset({"params", "event", "run"})
+"""Names a template sees besides the params themselves; no param may take one."""
+
+# Bounds on the two operators that let a one-line template exhaust a worker's memory or
+# CPU (`{{ 'x' * 10**10 }}`, `{{ 9**9**9 }}`). Legitimate event templates stay far below.
+_MAX_SEQUENCE = 1_000_000
+_MAX_EXPONENT = 1_000
+
+# `{{ expr }}` with nothing around it; `-`/`+` are Jinja's whitespace control marks.
+_SINGLE_EXPRESSION = re.compile(r"^\{\{[-+]?(?P<expr>.*?)[-+]?\}\}$", re.DOTALL)
+_TEMPLATE_MARKS = ("{{", "}}", "{%", "%}", "{#", "#}")
+
+
+class _Sandbox(SandboxedEnvironment):
+    """The sandbox, plus refusal of the arithmetic that would build huge values."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and _is_number(left) and _is_number(right):
+            if abs(right) > _MAX_EXPONENT and abs(left) > 1:
+                raise SecurityError(f"exponent {right!r} is too large")
+        elif operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                sized = isinstance(seq, str | list | tuple) and _is_number(times)
+                if sized and len(seq) * times > _MAX_SEQUENCE:
+                    raise SecurityError("the result of '*' would be too large")
+        return super().call_binop(context, operator, left, right)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+ENV = _Sandbox(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
+"""The one environment every template of every event is evaluated in."""
+
+
+class TemplateFailure(Exception):
+    """A template at `path` (relative to where rendering started) could not be evaluated."""
+
+    def __init__(self, path: FieldPath, error: Exception) -> None:
+        super().__init__(describe_template_error(error))
+        self.path = path
+        self.error = error
+
+
+def is_template(text: str) -> bool:
+    """Whether a string holds a Jinja expression or statement."""
+    return "{{" in text or "{%" in text
+
+
+def has_template(value: Any) -> bool:
+    """Whether a `with:` value holds a template anywhere inside its dicts and lists."""
+    if isinstance(value, str):
+        return is_template(value)
+    if isinstance(value, dict):
+        return any(has_template(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_template(v) for v in value)
+    return False
+
+
+def template_strings(value: Any, path: FieldPath = ()) -> Iterator[tuple[FieldPath, str]]:
+    """Every templated string inside a `with:` value, with its path below the value."""
+    if isinstance(value, str):
+        if is_template(value):
+            yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from template_strings(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from template_strings(item, (*path, index))
+
+
+@lru_cache(maxsize=2048)
+def compile_template(source: str) -> Template | TemplateExpression:
+    """The compiled form of a templated string; raises TemplateSyntaxError.
+
+    A lone `{{ expr }}` compiles as an expression so that its value keeps its type.
+    """
+    match = _SINGLE_EXPRESSION.match(source.strip())
+    if match and not any(mark in match["expr"] for mark in _TEMPLATE_MARKS):
+        return ENV.compile_expression(match["expr"], undefined_to_none=False)
+    return ENV.from_string(source)
+
+
+def render_string(source: str, context: Mapping[str, Any]) -> Any:
+    """Evaluate one templated string; any failure propagates as raised by Jinja or Python."""
+    compiled = compile_template(source)
+    if isinstance(compiled, TemplateExpression):
+        return _plain(compiled(**context))
+    return compiled.render(**context)
+
+
+def render_value(value: Any, context: Mapping[str, Any], path: FieldPath = ()) -> Any:
+    """A copy of `value` with every templated string inside its dicts and lists evaluated.
+
+    Raises TemplateFailure naming the path of the first string that failed.
+    """
+    if isinstance(value, str):
+        if not is_template(value):
+            return value
+        try:
+            return render_string(value, context)
+        # Any error at all: a template may divide by zero or call a method that raises,
+        # and that is the operator's mistake to be reported, never a crash of the engine.
+        except Exception as exc:
+            raise TemplateFailure(path, exc) from exc
+    if isinstance(value, dict):
+        return {key: render_value(item, context, (*path, key)) for key, item in value.items()}
+    if isinstance(value, list):
+        return [render_value(item, context, (*path, index)) for index, item in enumerate(value)]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """An expression's value as plain data: what pydantic and the JSON column can hold."""
+    if isinstance(value, Undefined):
+        # An expression returns an undefined name instead of raising; turning it into a
+        # string is what makes StrictUndefined (or an unsafe-attribute marker) raise.
+        str(value)
+        raise UndefinedError("undefined value")  # pragma: no cover - str() raised above
+    if isinstance(value, str | bytes | int | float | bool) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    # Jinja's filters hand back generators and views (`map`, `select`, `dict.items()`);
+    # a step's parameters must be concrete lists.
+    if isinstance(value, list | tuple | set | frozenset | range | KeysView | ValuesView | ItemsView | Iterator):
+        return [_plain(item) for item in value]
+    return value
+
+
+def template_context(params: Mapping[str, Any], *, event_id: str, title: str, run_id: int | None) -> dict[str, Any]:
+    """What a template sees: each param by name, `params`, `event` and `run`."""
+    return {
+        **params,
+        "params": dict(params),
+        "event": {"id": event_id, "title": title},
+        "run": {"id": run_id},
+    }
+
+
+def describe_template_error(error: Exception) -> str:
+    """An operator's sentence for why a template failed."""
+    if isinstance(error, SecurityError):
+        return f"template refused by the sandbox: {error}"
+    if isinstance(error, TemplateSyntaxError):
+        return f"template syntax error: {error.message}"
+    if isinstance(error, UndefinedError):
+        return f"template failed: {error.message}"
+    return f"template failed: {type(error).__name__}: {error}"
+
+
+def field_path(path: Iterable[str | int]) -> str:
+    """A path as an operator reads it: `phases[1].steps[0].action`."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part == "[key]":
+            # pydantic's marker for "the key itself, not its value"; the path already
+            # ends with the key.
+            continue
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+def suggest(wrong: str, known: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` when a known name is close to `wrong`, else ``."""
+    close = difflib.get_close_matches(wrong, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def accepted_keys(model: type[BaseModel]) -> dict[str, str]:
+    """Every key a model accepts, mapped to the name an operator should write (its alias)."""
+    config = model.model_config
+    by_name = bool(config.get("populate_by_name") or config.get("validate_by_name"))
+    keys: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        written = info.alias or name
+        keys[written] = written
+        if by_name or info.alias is None:
+            keys[name] = written
+    return keys
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds directly, looking through `X | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        for arg in get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def model_at(root: type[BaseModel], path: FieldPath) -> type[BaseModel] | None:
+    """The model whose mapping sits at `path` below `root`, or None when it is not a model."""
+    annotation: Any = root
+    for part in path:
+        model = _model_in(annotation)
+        if model is not None:
+            if not isinstance(part, str):
+                return None
+            name = next((n for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+            if name is None:
+                return None
+            annotation = model.model_fields[name].annotation
+            continue
+        origin, args = get_origin(annotation), get_args(annotation)
+        if origin in (list, tuple, set, frozenset) and args:
+            annotation = args[0]
+        elif origin is dict and len(args) == 2:
+            annotation = args[1]
+        else:
+            return None
+    return _model_in(annotation)
+
+
+def error_message(error: ErrorDetails, root: type[BaseModel]) -> str:
+    """An operator's sentence for one Pydantic error found while validating `root`."""
+    kind, loc = error["type"], tuple(error["loc"])
+    if kind == "missing":
+        return "field required"
+    if kind == "extra_forbidden" and loc:
+        key = str(loc[-1])
+        model = model_at(root, loc[:-1])
+        known = sorted(set(accepted_keys(model).values())) if model is not None else []
+        return f"unknown field {key!r}{suggest(key, known)}"
+    message = error["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return message
+
+
+def render(
+    definition: EventDefinition,
+    params: dict[str, Any],
+    registry: Registry,
+    *,
+    run_id: int | None = None,
+) -> FrozenDefinition:
+    """Every step of `definition` with `params` substituted and validated by its action.
+
+    `params` are the run's resolved parameters (`EventDefinition.resolve_params`). Each
+    step's parameters are stored as its action's model dumps them — defaults filled in,
+    aliases such as `for` kept — so what a worker dispatches is exactly what was checked
+    here. Phases and steps are numbered from 0, as in the field paths of errors; a step
+    without a name is called `action#seq`. All problems are collected and raised together
+    as one DefinitionError whose source is the event id.
+    """
+    source = definition.id
+    context = template_context(params, event_id=definition.id, title=definition.title, run_id=run_id)
+    problems: list[Problem] = []
+    phases: list[RenderedPhase] = []
+    for phase_index, phase in enumerate(definition.phases):
+        steps: list[RenderedStep] = []
+        for seq, step in enumerate(phase.steps):
+            where: FieldPath = ("phases", phase_index, "steps", seq)
+            try:
+                action = registry.action(step.action)
+            except UnknownAction as exc:
+                problems.append(Problem(source, None, field_path((*where, "action")), exc.message))
+                continue
+            rendered: dict[str, Any] = {}
+            failed = False
+            for key, value in step.with_.items():
+                try:
+                    rendered[key] = render_value(value, context, (key,))
+                except TemplateFailure as failure:
+                    field = field_path((*where, "with", *failure.path))
+                    problems.append(Problem(source, None, field, str(failure)))
+                    failed = True
+            if failed:
+                # Validating the rest would only repeat the failure as "field required".
+                continue
+            try:
+                validated = action.params.model_validate(rendered)
+                values = validated.model_dump(mode="json", by_alias=True)
+            except ValidationError as exc:
+                for error in exc.errors():
+                    field = field_path((*where, "with", *error["loc"]))
+                    problems.append(Problem(source, None, field, error_message(error, action.params)))
+                continue
+            except Exception as exc:
+                # A module's own validator or serializer raising something else is still
+                # a refusal of these values, not a reason to crash the run's creation.
+                field = field_path((*where, "with"))
+                problems.append(Problem(source, None, field, f"invalid parameters: {exc}"))
+                continue
+            steps.append(
+                RenderedStep(
+                    phase=phase_index,
+                    seq=seq,
+                    name=step.name or f"{step.action}#{seq}",
+                    action=step.action,
+                    params=values,
+                    retry=step.retry,
+                    timeout=step.timeout,
+                    on_error=step.on_error,
+                )
+            )
+        phases.append(RenderedPhase(name=phase.name, after=phase.after, steps=steps))
+    if problems:
+        raise DefinitionError(problems)
+    return FrozenDefinition(event=definition, params=dict(params), phases=phases)

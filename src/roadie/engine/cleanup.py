@@ -1,0 +1,242 @@
+"""Cleanup, the read-and-undo half of the ledger (DESIGN §5).
+
+Live rows are read newest first and grouped per step: one `revert` per step for its
+module's rows, a key-only `revert` for a placeholder still pending, and core's own
+restore for each borrowed value. Rows are read a page of steps at a time, so a run with
+a hundred thousand resources is cleaned up in bounded memory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import structlog
+
+from roadie.clock import Clock
+from roadie.engine import leases
+from roadie.errors import InvalidState, RoadieError, UnknownAction
+from roadie.registry import Registry, Resource, RevertCall, RevertFailure
+from roadie.registry.module import maybe_await
+from roadie.states import OVERRIDE_KIND, STEP_KIND, CleanupStatus, RunStatus
+from roadie.store import Store
+from roadie.store.rows import ResourceRow, StepRow
+
+log = structlog.get_logger(__name__)
+PAGE_STEPS = 200
+REVERT_BATCH = 1000  # resources per revert call; a step with more is reverted in slices
+
+
+@dataclass
+class PlannedCall:
+    """One call cleanup would make: a module's `revert` for a step, or core's restore of a lease."""
+
+    kind: str  # "revert" | "revert-by-key" | "restore"
+    step_id: int | None
+    step: str
+    action: str
+    idempotency_key: str
+    resources: list[dict[str, Any]]
+    row_ids: list[int]
+
+
+@dataclass
+class CleanupReport:
+    run_id: int
+    status: str
+    member_key: str | None = None
+    calls: int = 0
+    reverted: int = 0
+    restored: int = 0
+    failed: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    forgotten: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Cleanup:
+    def __init__(self, store: Store, registry: Registry, clock: Clock, worker: str, claim_ttl: float = 300.0) -> None:
+        self.store = store
+        self.registry = registry
+        self.clock = clock
+        self.worker = worker
+        self.claim_ttl = claim_ttl
+
+    async def _pages(self, run_id: int, member_key: str | None) -> Any:
+        """Yield (steps by id, [(step id, rows newest first)]) a page of steps at a time."""
+        before: int | None = None
+        while True:
+            groups = await self.store.live_step_groups(run_id, member_key=member_key, before=before, limit=PAGE_STEPS)
+            if not groups:
+                return
+            before = groups[-1][1]
+            step_ids = [g[0] for g in groups]
+            rows = await self.store.live_rows_of_steps(run_id, step_ids, member_key=member_key)
+            by_step: dict[int | None, list[ResourceRow]] = defaultdict(list)
+            for row in rows:
+                by_step[row.step_id].append(row)
+            steps = {s.id: s for s in await self.store.steps_by_ids([i for i in step_ids if i is not None])}
+            yield steps, [(sid, by_step[sid]) for sid in step_ids if by_step.get(sid)]
+
+    def _calls_for(self, step: StepRow | None, rows: list[ResourceRow]) -> list[PlannedCall]:
+        name = step.name if step else "(unknown step)"
+        action = step.action if step else "(unknown)"
+        key = step.idempotency_key if step else ""
+        calls: list[PlannedCall] = []
+        ledgered = [r for r in rows if r.kind not in (STEP_KIND, OVERRIDE_KIND)]
+        for start in range(0, len(ledgered), REVERT_BATCH):
+            part = ledgered[start : start + REVERT_BATCH]
+            calls.append(
+                PlannedCall(
+                    "revert",
+                    step.id if step else None,
+                    name,
+                    action,
+                    key,
+                    [{"kind": r.kind, "ref": r.ref, "payload": r.payload, "memberKey": r.member_key} for r in part],
+                    [r.id for r in part],
+                )
+            )
+        placeholders = [r for r in rows if r.kind == STEP_KIND]
+        if placeholders:
+            # The answer never arrived: only the module, by its key, knows what it made.
+            calls.append(
+                PlannedCall(
+                    "revert-by-key",
+                    step.id if step else None,
+                    name,
+                    action,
+                    placeholders[0].ref,
+                    [],
+                    [r.id for r in placeholders],
+                )
+            )
+        for r in rows:
+            if r.kind == OVERRIDE_KIND:
+                calls.append(
+                    PlannedCall(
+                        "restore",
+                        step.id if step else None,
+                        name,
+                        "core.lease",
+                        key,
+                        [{"kind": r.kind, "ref": r.ref, "payload": r.payload}],
+                        [r.id],
+                    )
+                )
+        return calls
+
+    async def plan(self, run_id: int, member_key: str | None = None) -> list[PlannedCall]:
+        """What cleanup would call, in order, without calling anything."""
+        await self.store.get_run(run_id)
+        planned: list[PlannedCall] = []
+        async for steps, groups in self._pages(run_id, member_key):
+            for step_id, rows in groups:
+                planned.extend(self._calls_for(steps.get(step_id) if step_id else None, rows))
+        return planned
+
+    async def run(
+        self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
+    ) -> CleanupReport:
+        """Revert every live resource of a run (or of one member), newest first.
+
+        A full cleanup needs the run to have ended: cancelling is how a run in flight is
+        stopped, and its cleanup follows. `again` is a human's retry after `incomplete`.
+        """
+        run = await self.store.get_run(run_id)
+        if member_key is None and not RunStatus(run.status).terminal:
+            raise InvalidState(f"run {run_id} is {run.status}; cancel it first, or clean up one member with --member")
+        scoped = member_key is not None
+        if not await self.store.claim_cleanup(
+            run_id, self.worker, self.clock.now(), self.claim_ttl, again=again, scoped=scoped
+        ):
+            raise InvalidState(f"run {run_id}'s cleanup is held by another worker, or not pending")
+        report = CleanupReport(run_id=run_id, status="", member_key=member_key)
+        async for steps, groups in self._pages(run_id, member_key):
+            for step_id, rows in groups:
+                step = steps.get(step_id) if step_id else None
+                for call in self._calls_for(step, rows):
+                    await self._carry_out(run_id, step, call, rows, report)
+            await self.store.extend_cleanup_claim(run_id, self.worker, self.clock.now(), self.claim_ttl)
+        remaining = await self.store.list_resources(run_id, live_only=True)
+        if scoped:
+            remaining = [r for r in remaining if r.member_key == member_key]
+        report.forgotten = [
+            {"resource": r.id, "kind": r.kind, "ref": r.ref, "why": r.error}
+            for r in await self.store.list_resources(run_id)
+            if r.state == "abandoned"
+        ]
+        status = CleanupStatus.COMPLETE if not remaining else CleanupStatus.INCOMPLETE
+        report.status = status.value
+        # Cleaning up one member leaves the run's own cleanup status as it was.
+        await self.store.finish_cleanup(
+            run_id, self.worker, None if scoped else status, report.as_dict(), actor, self.clock.now()
+        )
+        log.info(
+            "cleanup finished",
+            run_id=run_id,
+            status=report.status,
+            reverted=report.reverted,
+            restored=report.restored,
+            failed=report.failed,
+        )
+        return report
+
+    async def _carry_out(
+        self, run_id: int, step: StepRow | None, call: PlannedCall, rows: list[ResourceRow], report: CleanupReport
+    ) -> None:
+        report.calls += 1
+        now = self.clock.now
+        try:
+            if call.kind == "restore":
+                row = next(r for r in rows if r.id == call.row_ids[0])
+                await leases.restore(self.registry, self.clock, row)
+                await self.store.mark_reverted(call.row_ids, now())
+                report.restored += 1
+                return
+            failures = await self._revert(run_id, step, call)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RoadieError) else exc.message
+            await self.store.mark_revert_failed({i: message for i in call.row_ids}, now())
+            report.failed += len(call.row_ids)
+            report.errors.extend({"resource": i, "step": call.step, "error": message} for i in call.row_ids)
+            log.warning("revert failed", run_id=run_id, step=call.step, error=message)
+            return
+        by_target = {(r.kind, r.ref): r.id for r in rows if r.id in call.row_ids}
+        failed_ids = {by_target[(f.kind, f.ref)]: f.message for f in failures if (f.kind, f.ref) in by_target}
+        await self.store.mark_reverted([i for i in call.row_ids if i not in failed_ids], now())
+        await self.store.mark_revert_failed(failed_ids, now())
+        report.reverted += len(call.row_ids) - len(failed_ids)
+        report.failed += len(failed_ids)
+        report.errors.extend({"resource": i, "step": call.step, "error": m} for i, m in failed_ids.items())
+
+    async def _revert(self, run_id: int, step: StepRow | None, call: PlannedCall) -> list[RevertFailure]:
+        if step is None:
+            raise InvalidState("the row names no step, so no module can revert it; forget it")
+        try:
+            action = self.registry.action(step.action)
+        except UnknownAction as exc:
+            raise InvalidState(f"{exc.message}: its module is not loaded") from exc
+        assert action.revert_fn is not None
+        revert_call = RevertCall(
+            run_id=run_id,
+            idempotency_key=step.idempotency_key,
+            resources=[Resource(r["kind"], r["ref"], r["payload"], r["memberKey"]) for r in call.resources],
+            state=self.registry.state(action.module.name),
+            clock=self.clock,
+        )
+        answer = await maybe_await(action.revert_fn(revert_call))
+        if answer is None:
+            return []
+        if isinstance(answer, list) and all(isinstance(f, RevertFailure) for f in answer):
+            return answer
+        raise InvalidState(f"{action.id}'s revert answered something that is not a list of failures: {answer!r:.80}")
+
+    async def forget(self, resource_id: int, *, actor: str, reason: str) -> ResourceRow:
+        """An admin gives up on a resource that can never be reverted. Audited; kept as `abandoned`."""
+        if not reason.strip():
+            raise InvalidState("forgetting a resource needs a reason")
+        return await self.store.abandon_resource(resource_id, actor, reason.strip(), self.clock.now())

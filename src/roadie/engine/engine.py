@@ -1,0 +1,451 @@
+"""The run engine: materialise, drain, record, advance, clean up.
+
+One `Engine` is one worker. Everything it knows between two moments is in the database,
+so an engine abandoned at any point (a crash) is replaced by a fresh one on the same
+files, which carries on: claims of the dead worker expire and their steps are retried
+under the same idempotency keys.
+
+The drain is built for throughput. A worker claims a batch of runnable steps and reserves
+all their ledger rows in one transaction before dispatching any of them (still "recorded
+before dispatched"), dispatches them concurrently, and records the answers that are in
+whenever it looks, one transaction per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from roadie.clock import Clock, FakeClock, SystemClock
+from roadie.definitions import EventDefinition, FrozenDefinition, RetryPolicy, render
+from roadie.engine import leases
+from roadie.engine.cleanup import Cleanup, CleanupReport
+from roadie.engine.ledger import read_answer
+from roadie.errors import (
+    DefinitionError,
+    PermanentError,
+    Problem,
+    RoadieError,
+    StepError,
+    StepTimeout,
+    UnknownAction,
+    UnknownLease,
+)
+from roadie.registry import Call, Registry
+from roadie.states import CleanupPolicy, CleanupStatus, Reversible, RunStatus, StepStatus
+from roadie.store import Claimed, NewStep, Outcome, Store
+from roadie.store.rows import EventRow, RunRow, StepRow
+
+log = structlog.get_logger(__name__)
+
+Observer = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class EngineOptions:
+    concurrency: int = 32
+    claim_ttl: float = 60.0  # a worker that stops heartbeating loses its claims after this
+    poll_interval: float = 1.0
+    seed: int | None = None
+
+
+class Engine:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        *,
+        clock: Clock | None = None,
+        worker_id: str | None = None,
+        options: EngineOptions | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.clock = clock or registry.clock or SystemClock()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+        self.options = options or EngineOptions()
+        self.random = random.Random(self.options.seed)
+        self.cleanup = Cleanup(store, registry, self.clock, self.worker_id, self.options.claim_ttl * 5)
+        self.observer: Observer = observer or (lambda kind, data: None)
+        self._stopping = asyncio.Event()
+
+    # -- runs -----------------------------------------------------------------------
+
+    async def start_run(self, event: EventRow, params: dict[str, Any] | None = None, *, actor: str = "cli") -> RunRow:
+        """Create a run of `event` with `params`. Every step is rendered and validated now,
+        so a run with a bad parameter is refused before anything runs."""
+        definition = EventDefinition.model_validate(event.definition)
+        try:
+            resolved = definition.resolve_params(params or {})
+        except ValueError as exc:
+            raise DefinitionError([Problem(event.event_id, None, "params", str(exc))]) from exc
+        frozen = render(definition, resolved, self.registry)
+        self._check_leases(frozen)
+        now = self.clock.now()
+        return await self.store.create_run(
+            event=event,
+            definition=frozen.model_dump(mode="json", by_alias=True),
+            params=resolved,
+            cleanup_policy=definition.cleanup.value,
+            first_phase_due=now + timedelta(seconds=frozen.phases[0].after),
+            actor=actor,
+            now=now,
+        )
+
+    def _check_leases(self, frozen: FrozenDefinition) -> None:
+        problems = []
+        for p_index, phase in enumerate(frozen.phases):
+            for step in phase.steps:
+                if self.registry.action(step.action).borrows:
+                    try:
+                        leases.lease_ref(self.registry, step.params)
+                    except (UnknownLease, PermanentError) as exc:
+                        field = f"phases[{p_index}].steps[{step.seq}].with.lease"
+                        problems.append(Problem(frozen.event.id, None, field, str(exc)))
+        if problems:
+            raise DefinitionError(problems)
+
+    async def cancel_run(self, run_id: int, *, actor: str = "cli") -> bool:
+        """Stop new dispatches; in-flight steps answer; the run ends cancelled and is cleaned up."""
+        return await self.store.request_cancel(run_id, actor, self.clock.now())
+
+    async def _advance(self) -> tuple[bool, datetime | None]:
+        """Move every run in flight on as far as it can go now.
+
+        Answers whether anything moved, and the earliest time something will be due.
+        Each transition is a guarded update, so two workers advancing one run cannot
+        both do it.
+        """
+        moved = False
+        due: datetime | None = None
+        now = self.clock.now()
+        for counts in await self.store.runs_in_flight():
+            run = counts.run
+            frozen = FrozenDefinition.model_validate(run.definition)
+            if run.cancel_requested:
+                if counts.ready:
+                    await self.store.skip_ready_steps(run.id, now, "run failed" if run.error else "run cancelled")
+                if not counts.running:
+                    status = RunStatus.FAILED if run.error else RunStatus.CANCELLED
+                    if await self.store.finish_run(run, status, now):
+                        moved = True
+                        self._tell("run", {"run_id": run.id, "status": status.value})
+                continue
+            if run.materialised_phase < run.phase:
+                assert run.phase_due_at is not None
+                if run.phase_due_at <= now:
+                    moved |= await self._materialise(run, frozen, now)
+                else:
+                    due = _earliest(due, run.phase_due_at)
+                continue
+            if counts.ready or counts.running:
+                continue
+            if run.phase + 1 < len(frozen.phases):
+                after = frozen.phases[run.phase + 1].after
+                moved |= await self.store.begin_next_phase(run, now + timedelta(seconds=after))
+                continue
+            if run.ends_at is None:
+                started = run.started_at or now
+                ends_at = max(now, started + timedelta(seconds=frozen.event.duration))
+                await self.store.hold_until(run, ends_at)
+                moved = True
+            elif run.ends_at <= now:
+                if await self.store.finish_run(run, RunStatus.SUCCEEDED, now):
+                    moved = True
+                    self._tell("run", {"run_id": run.id, "status": RunStatus.SUCCEEDED.value})
+            else:
+                due = _earliest(due, run.ends_at)
+        return moved, due
+
+    async def _materialise(self, run: RunRow, frozen: FrozenDefinition, now: datetime) -> bool:
+        phase = frozen.phases[run.phase]
+        new_steps = []
+        for step in phase.steps:
+            action = self.registry.action(step.action)
+            lease_ref = leases.lease_ref(self.registry, step.params) if action.borrows else None
+            new_steps.append(
+                NewStep(
+                    phase=step.phase,
+                    seq=step.seq,
+                    name=step.name,
+                    action=step.action,
+                    owner=action.owner,
+                    reversible=action.reversible,
+                    lease_ref=lease_ref,
+                    params=step.params,
+                    # Minted once, here, and never changed by a retry (DESIGN §1).
+                    idempotency_key=f"{run.nonce}-{run.id}-{step.phase}-{step.seq}",
+                    max_attempts=step.retry.attempts,
+                    retry=step.retry.model_dump(mode="json"),
+                    timeout=step.timeout,
+                    on_error=step.on_error.value,
+                )
+            )
+        moved = await self.store.materialise_phase(run, run.phase, new_steps, now)
+        if moved:
+            self._tell("phase", {"run_id": run.id, "phase": run.phase, "name": phase.name})
+        return moved
+
+    # -- the drain ------------------------------------------------------------------
+
+    async def _drain(self) -> bool:
+        """Claim, dispatch and record until nothing is runnable now. Answers whether
+        anything was dispatched."""
+        inflight: dict[asyncio.Future[Any], Claimed] = {}
+        heartbeat: asyncio.Task[None] | None = None
+        worked = False
+        try:
+            while True:
+                free = self.options.concurrency - len(inflight)
+                claimed: list[Claimed] = []
+                if free > 0 and not self._stopping.is_set():
+                    claimed = await self.store.claim_steps(
+                        self.worker_id, self.clock.now(), free, self.options.claim_ttl
+                    )
+                    for c in claimed:
+                        if c.refused:
+                            self._tell(
+                                "step",
+                                {"run_id": c.step.run_id, "step": c.step.name, "status": "failed", "error": c.refused},
+                            )
+                            continue
+                        inflight[asyncio.create_task(self._dispatch(c))] = c
+                        worked = True
+                if not inflight:
+                    if claimed:
+                        continue
+                    moved, _ = await self._advance()
+                    if moved:
+                        continue
+                    return worked
+                if heartbeat is None or heartbeat.done():
+                    heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
+                done, _ = await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
+                if heartbeat in done:
+                    await self.store.extend_step_claims(
+                        self.worker_id,
+                        [c.step.id for c in inflight.values()],
+                        self.clock.now(),
+                        self.options.claim_ttl,
+                    )
+                finished = [t for t in done if t is not heartbeat]
+                if finished:
+                    outcomes: list[Outcome] = [t.result() for t in finished]
+                    for t in finished:
+                        del inflight[t]
+                    await self.store.record_outcomes(outcomes)
+                    for o in outcomes:
+                        self._tell_outcome(o)
+                    if any(o.status is not StepStatus.READY for o in outcomes):
+                        await self._advance()
+        finally:
+            for task in [*inflight, *([heartbeat] if heartbeat else [])]:
+                task.cancel()
+
+    async def _dispatch(self, claimed: Claimed) -> Outcome:
+        """Call the step's action and say what happened. Never raises: every failure is an
+        outcome, retried or final."""
+        step = claimed.step
+        started = self.clock.now()
+        self._tell("step", {"run_id": step.run_id, "step": step.name, "status": "running", "attempt": step.attempts})
+        try:
+            action = self.registry.action(step.action)
+            if action.borrows:
+                assert claimed.reserved_id is not None
+                outcome: Outcome = await self._with_timeout(
+                    leases.borrow(self.store, self.registry, self.clock, step, claimed.reserved_id), step.timeout
+                )
+                outcome.started = started
+                return outcome
+            try:
+                params = action.params.model_validate(step.params)
+            except ValidationError as exc:
+                raise PermanentError(f"parameters no longer fit {action.id}: {exc}") from exc
+            call = Call(
+                run_id=step.run_id,
+                step_id=step.id,
+                idempotency_key=step.idempotency_key,
+                attempt=step.attempts,
+                params=params,
+                state=self.registry.state(action.module.name),
+                clock=self.clock,
+            )
+            raw = await self._with_timeout(action.call(call), step.timeout)
+        except UnknownAction as exc:
+            return self._failed(step, started, f"{exc.message}: its module is not loaded", retryable=False)
+        except StepError as exc:
+            return self._failed(
+                step, started, exc.message or type(exc).__name__, retryable=exc.retryable, delay=exc.next_retry_delay
+            )
+        except RoadieError as exc:
+            return self._failed(step, started, exc.message, retryable=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A module that raised may have acted before it did: retry under the same key,
+            # which the module's key ledger makes exact.
+            return self._failed(step, started, f"{type(exc).__name__}: {exc}", retryable=True)
+        ledgered = Reversible(step.reversible) is Reversible.LEDGER
+        answer = read_answer(raw, step.action, ledgered=ledgered, registry=self.registry)
+        for reason in answer.rejections:
+            log.warning("module answer rejected", run_id=step.run_id, step_id=step.id, reason=reason)
+        return Outcome(
+            step=step,
+            status=StepStatus.SUCCEEDED,
+            at=self.clock.now(),
+            started=started,
+            output=answer.output,
+            resources=answer.resources,
+            rejections=answer.rejections,
+            resolve_placeholder=ledgered and answer.readable,
+        )
+
+    async def _with_timeout(self, work: Any, seconds: float) -> Any:
+        """Await `work` for at most `seconds` of the engine's clock."""
+        task = asyncio.ensure_future(work)
+        timer = asyncio.create_task(self.clock.sleep(seconds))
+        try:
+            done, _ = await asyncio.wait([task, timer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise StepTimeout(f"no answer within {seconds:g}s")
+
+    def _failed(
+        self, step: StepRow, started: datetime, error: str, *, retryable: bool, delay: float | None = None
+    ) -> Outcome:
+        now = self.clock.now()
+        if retryable and step.attempts < step.max_attempts:
+            if delay is None:
+                delay = RetryPolicy.model_validate(step.retry).delay(step.attempts, self.random.random())
+            log.info("step will be retried", run_id=step.run_id, step_id=step.id, error=error, delay=delay)
+            return Outcome(
+                step=step,
+                status=StepStatus.READY,
+                at=now,
+                started=started,
+                error=error,
+                not_before=now + timedelta(seconds=delay),
+            )
+        if retryable:
+            error = f"{error} (gave up after {step.attempts} attempts)"
+        log.warning("step failed", run_id=step.run_id, step_id=step.id, error=error)
+        return Outcome(step=step, status=StepStatus.FAILED, at=now, started=started, error=error)
+
+    # -- the worker loop ------------------------------------------------------------
+
+    async def tick(self) -> datetime | None:
+        """Do everything that is due now; answer when something will next be due."""
+        now = self.clock.now()
+        await self.store.requeue_expired_claims(now)
+        await self._advance()
+        await self._drain()
+        await leases.sweep_expired(self.store, self.registry, self.clock)
+        for run_id in await self.store.runs_due_cleanup(self.clock.now()):
+            await self.clean_up(run_id, actor="system")
+        return await self._next_due()
+
+    async def clean_up(
+        self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
+    ) -> CleanupReport:
+        self._tell("cleanup", {"run_id": run_id, "status": "started"})
+        report = await self.cleanup.run(run_id, actor=actor, member_key=member_key, again=again)
+        self._tell("cleanup", {"run_id": run_id, "status": report.status, "report": report.as_dict()})
+        return report
+
+    async def _next_due(self) -> datetime | None:
+        _, due = await self._advance()
+        for candidate in (
+            await self.store.next_step_due(),
+            await self.store.next_lease_expiry(),
+            await self.store.next_claim_expiry(),
+        ):
+            due = _earliest(due, candidate)
+        return due
+
+    async def run_forever(self) -> None:
+        """The worker: tick, then sleep until the next thing is due (or a poll interval)."""
+        log.info("worker started", worker=self.worker_id)
+        while not self._stopping.is_set():
+            due = await self.tick()
+            wait = self.options.poll_interval
+            if due is not None:
+                wait = max(0.0, min(wait, (due - self.clock.now()).total_seconds()))
+            sleeper = asyncio.create_task(self.clock.sleep(wait))
+            stopper = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait([sleeper, stopper], return_when=asyncio.FIRST_COMPLETED)
+            sleeper.cancel()
+            stopper.cancel()
+        log.info("worker stopped", worker=self.worker_id)
+
+    def stop(self) -> None:
+        """Stop claiming; `run_forever` returns once in-flight steps have answered."""
+        self._stopping.set()
+
+    async def settle(self, run_ids: Iterable[int], *, max_ticks: int = 100_000) -> list[RunRow]:
+        """Work until these runs have ended and any automatic cleanup is done.
+
+        With a `FakeClock` time jumps straight to the next due moment; with the system
+        clock this sleeps until then, as a worker would.
+        """
+        ids = list(run_ids)
+        for _ in range(max_ticks):
+            due = await self.tick()
+            current = [await self.store.get_run(i) for i in ids]
+            if all(_settled(r) for r in current):
+                return current
+            if due is None:
+                due = self.clock.now() + timedelta(seconds=self.options.poll_interval)
+            if isinstance(self.clock, FakeClock):
+                self.clock.set(max(due, self.clock.now()))
+            else:
+                await self.clock.sleep(max(0.0, (due - self.clock.now()).total_seconds()))
+        raise RoadieError(f"runs {ids} did not settle within {max_ticks} ticks")
+
+    def _tell(self, kind: str, data: dict[str, Any]) -> None:
+        try:
+            self.observer(kind, data)
+        except Exception:  # an observer (a progress display) must never break the engine
+            log.exception("observer failed")
+
+    def _tell_outcome(self, o: Outcome) -> None:
+        status = {StepStatus.READY: "retry"}.get(o.status, o.status.value)
+        self._tell(
+            "step",
+            {
+                "run_id": o.step.run_id,
+                "step": o.step.name,
+                "phase": o.step.phase,
+                "status": status,
+                "error": o.error,
+                "rejections": o.rejections,
+                "recorded": o.recorded,
+            },
+        )
+
+
+def _settled(run: RunRow) -> bool:
+    if not RunStatus(run.status).terminal:
+        return False
+    awaiting_cleanup = run.cleanup_status == CleanupStatus.PENDING.value
+    return not (run.cleanup_policy == CleanupPolicy.AUTO.value and awaiting_cleanup)
+
+
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -1,0 +1,102 @@
+"""Leases: borrowing a world setting, giving it back, and the expiry sweeper.
+
+The order of a borrow is what makes it safe to crash anywhere: the lease's row is
+reserved when its step is claimed (before anything), the value about to be overwritten
+is saved into that row (before the write), and only then is the world written. A retry
+finds the saved value and does not read again, because what it would read now is its
+own borrowed value.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import structlog
+
+from roadie.clock import Clock
+from roadie.errors import PermanentError
+from roadie.registry import LeaseCall, Registry
+from roadie.registry.module import Lease, maybe_await
+from roadie.states import StepStatus
+from roadie.store import Outcome, Store
+from roadie.store.rows import ResourceRow, StepRow
+
+log = structlog.get_logger(__name__)
+
+
+def lease_ref(registry: Registry, params: dict[str, Any]) -> str:
+    """The ledger ref of the target a `core.lease` step borrows: `lease` or `lease#target`."""
+    lease = registry.lease(str(params["lease"]))
+    target = params.get("target")
+    if lease.targeted and target is None:
+        raise PermanentError(f"lease {lease.id} is targeted: say which target")
+    if not lease.targeted and target is not None:
+        raise PermanentError(f"lease {lease.id} takes no target")
+    return lease.ref(None if target is None else str(target))
+
+
+def _resolve(registry: Registry, ref: str) -> tuple[Lease, str | None]:
+    found = registry.lease_for_ref(ref)
+    if found is None:
+        raise PermanentError(f"no module registers the lease {ref!r}")
+    return found
+
+
+def _call(registry: Registry, lease: Lease, target: str | None, clock: Clock) -> LeaseCall:
+    return LeaseCall(lease=lease.id, target=target, state=registry.state(lease.module.name), clock=clock)
+
+
+async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, reserved_id: int) -> Outcome:
+    """Carry out a `core.lease` step whose row `reserved_id` is already reserved."""
+    assert step.lease_ref is not None
+    lease, target = _resolve(registry, step.lease_ref)
+    row = await store.get_resource(reserved_id)
+    call = _call(registry, lease, target, clock)
+    if isinstance(row.payload, dict) and "saved" in row.payload:
+        saved = row.payload["saved"]
+    else:
+        saved = await maybe_await(lease.read_fn(call))
+        await store.save_lease_value(reserved_id, saved, clock.now())
+    assert lease.write_fn is not None
+    await maybe_await(lease.write_fn(call, step.params["value"]))
+    now = clock.now()
+    hold = step.params.get("for")
+    until = now + timedelta(seconds=float(hold)) if hold else None
+    return Outcome(
+        step=step,
+        status=StepStatus.SUCCEEDED,
+        at=now,
+        output={"lease": step.lease_ref, "saved": saved, "value": step.params["value"]},
+        confirm_lease=True,
+        lease_until=until,
+    )
+
+
+async def restore(registry: Registry, clock: Clock, row: ResourceRow) -> None:
+    """Give a borrowed value back from the row's saved value.
+
+    A row without a saved value was reserved but never written over: there is nothing
+    to give back, and marking it reverted is right.
+    """
+    if not (isinstance(row.payload, dict) and "saved" in row.payload):
+        return
+    lease, target = _resolve(registry, row.ref)
+    assert lease.write_fn is not None
+    await maybe_await(lease.write_fn(_call(registry, lease, target, clock), row.payload["saved"]))
+
+
+async def sweep_expired(store: Store, registry: Registry, clock: Clock) -> int:
+    """Restore every lease past its `until`, even while its run goes on."""
+    restored = 0
+    for row in await store.expired_leases(clock.now()):
+        try:
+            await restore(registry, clock, row)
+        except Exception as exc:  # the sweeper must not stop on one bad lease
+            log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=str(exc))
+            await store.mark_revert_failed({row.id: f"expiry restore failed: {exc}"}, clock.now())
+            continue
+        await store.mark_reverted([row.id], clock.now())
+        log.info("lease expired and restored", run_id=row.run_id, ref=row.ref)
+        restored += 1
+    return restored

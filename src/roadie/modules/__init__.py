@@ -1,0 +1,1 @@
+"""The modules that ship with Roadie: core's own, and the sandbox world."""

@@ -1,0 +1,282 @@
+"""The decorator API for writing a module: `Module`, `@module.action`, `@action.revert`,
+`@module.lease`, `@lease.write`.
+
+A module written with these decorators runs in-process, and (through the plugin SDK) the
+same object can be served to the engine over the network.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from roadie.clock import Clock
+from roadie.errors import RegistryError
+from roadie.states import Reversible
+
+JSON = Any
+P = TypeVar("P", bound=BaseModel)
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class NoParams(BaseModel):
+    """The parameter schema of an action that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class ModuleConfig:
+    """What a module's setup hook is given: its table from `roadie.toml`, and the clock."""
+
+    settings: Mapping[str, Any]
+    clock: Clock
+    base_dir: str = "."
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.settings.get(key, default)
+
+
+@dataclass(frozen=True)
+class Call(Generic[P]):
+    """One dispatch of an action. The idempotency key is the step's, the same on every retry."""
+
+    run_id: int
+    step_id: int
+    idempotency_key: str
+    attempt: int
+    params: P
+    state: Any
+    clock: Clock
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One thing a step made, as the ledger knows it and as `revert` is given it."""
+
+    kind: str
+    ref: str
+    payload: JSON = None
+    member_key: str | None = None
+
+
+@dataclass(frozen=True)
+class RevertCall:
+    """Take back down what one step made.
+
+    `resources` empty means "whatever this key produced": the step's answer was never
+    recorded, so only the module knows, by its key ledger, what it made.
+    """
+
+    run_id: int
+    idempotency_key: str
+    resources: list[Resource]
+    state: Any
+    clock: Clock
+
+
+@dataclass(frozen=True)
+class RevertFailure:
+    kind: str
+    ref: str
+    message: str
+
+
+@dataclass
+class Answer:
+    """What an action answers: the resources it made (for `ledger` actions) and any output."""
+
+    resources: list[Any] = field(default_factory=list)
+    output: JSON = None
+
+
+@dataclass(frozen=True)
+class LeaseCall:
+    """A read or write of a borrowed value. `target` is set for targeted leases."""
+
+    lease: str
+    target: str | None
+    state: Any
+    clock: Clock
+
+
+ActionFn = Callable[[Call[Any]], Any]
+RevertFn = Callable[[RevertCall], Any]
+LeaseReadFn = Callable[[LeaseCall], Any]
+LeaseWriteFn = Callable[[LeaseCall, JSON], Any]
+
+
+async def maybe_await(value: Any) -> Any:
+    """Modules may write their functions sync or async; the engine awaits either."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class Action:
+    """An action a step can call. `ledger` actions must declare a `revert`."""
+
+    def __init__(
+        self,
+        module: Module,
+        name: str,
+        fn: ActionFn,
+        *,
+        reversible: Reversible,
+        params: type[BaseModel],
+        description: str,
+        borrows: bool = False,
+    ) -> None:
+        self.module = module
+        self.name = name
+        self.fn = fn
+        self.reversible = reversible
+        self.params = params
+        self.description = description
+        self.borrows = borrows
+        self.revert_fn: RevertFn | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.module.name}.{self.name}"
+
+    @property
+    def owner(self) -> str:
+        return self.module.name
+
+    def revert(self, fn: RevertFn) -> RevertFn:
+        """Declare how to take back down what this action made."""
+        if self.reversible is not Reversible.LEDGER:
+            raise RegistryError(f"{self.id}: only a 'ledger' action has a revert")
+        self.revert_fn = fn
+        return fn
+
+    async def call(self, call: Call[Any]) -> Any:
+        return await maybe_await(self.fn(call))
+
+    def __repr__(self) -> str:
+        return f"<Action {self.id} reversible={self.reversible.value}>"
+
+
+class Lease:
+    """A world setting that can be borrowed and given back: `read` it, `write` it."""
+
+    def __init__(self, module: Module, name: str, read: LeaseReadFn, *, targeted: bool, description: str) -> None:
+        self.module = module
+        self.name = name
+        self.read_fn = read
+        self.targeted = targeted
+        self.description = description
+        self.write_fn: LeaseWriteFn | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.module.name}.{self.name}"
+
+    def write(self, fn: LeaseWriteFn) -> LeaseWriteFn:
+        self.write_fn = fn
+        return fn
+
+    def ref(self, target: str | None) -> str:
+        return f"{self.id}#{target}" if target is not None else self.id
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.id} targeted={self.targeted}>"
+
+
+class Module:
+    """A named set of actions and leases, with an optional setup hook.
+
+    ```python
+    world = Module("world")
+
+    @world.action("spawn", reversible=Reversible.LEDGER, params=SpawnParams)
+    async def spawn(call: Call[SpawnParams]) -> Answer: ...
+
+    @spawn.revert
+    async def despawn(call: RevertCall) -> None: ...
+    ```
+    """
+
+    def __init__(self, name: str, description: str = "") -> None:
+        if not _NAME.match(name):
+            raise RegistryError(f"module name {name!r} must be lowercase letters, digits and _")
+        self.name = name
+        self.description = description
+        self.actions: dict[str, Action] = {}
+        self.leases: dict[str, Lease] = {}
+        self.setup_fn: Callable[[ModuleConfig], Any] | None = None
+        self.close_fn: Callable[[Any], Any] | None = None
+
+    def action(
+        self,
+        name: str,
+        *,
+        reversible: Reversible | str,
+        params: type[BaseModel] = NoParams,
+        description: str = "",
+        borrows: bool = False,
+    ) -> Callable[[ActionFn], Action]:
+        if not _NAME.match(name):
+            raise RegistryError(f"action name {name!r} must be lowercase letters, digits and _")
+        if name in self.actions:
+            raise RegistryError(f"{self.name}.{name} is registered twice")
+
+        def register(fn: ActionFn) -> Action:
+            action = Action(
+                self,
+                name,
+                fn,
+                reversible=Reversible(reversible),
+                params=params,
+                description=description or (inspect.getdoc(fn) or "").split("\n")[0],
+                borrows=borrows,
+            )
+            self.actions[name] = action
+            return action
+
+        return register
+
+    def lease(self, name: str, *, targeted: bool = False, description: str = "") -> Callable[[LeaseReadFn], Lease]:
+        """Register a lease by its read function; add its writer with `@lease.write`."""
+        if not _NAME.match(name):
+            raise RegistryError(f"lease name {name!r} must be lowercase letters, digits and _")
+
+        def register(fn: LeaseReadFn) -> Lease:
+            lease = Lease(
+                self,
+                name,
+                fn,
+                targeted=targeted,
+                description=description or (inspect.getdoc(fn) or "").split("\n")[0],
+            )
+            self.leases[name] = lease
+            return lease
+
+        return register
+
+    def setup(self, fn: Callable[[ModuleConfig], Any]) -> Callable[[ModuleConfig], Any]:
+        """Declare the hook that opens the module's state (its world, a client...)."""
+        self.setup_fn = fn
+        return fn
+
+    def close(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        self.close_fn = fn
+        return fn
+
+    def check(self) -> None:
+        """Refuse a module whose declarations cannot be honoured."""
+        for action in self.actions.values():
+            if action.reversible is Reversible.LEDGER and action.revert_fn is None:
+                raise RegistryError(f"{action.id} is a 'ledger' action without a revert")
+        for lease in self.leases.values():
+            if lease.write_fn is None:
+                raise RegistryError(f"lease {lease.id} has no writer")
+
+    def __repr__(self) -> str:
+        return f"<Module {self.name} actions={sorted(self.actions)} leases={sorted(self.leases)}>"

@@ -1,0 +1,155 @@
+"""The registry: which modules are loaded, their actions and leases, and their state.
+
+Modules are found through the `roadie.modules` entry point group, or named by import
+path (`package.module:attribute`) in `roadie.toml`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+import structlog
+
+from roadie.clock import Clock, SystemClock
+from roadie.errors import ConfigError, RegistryError, UnknownAction, UnknownLease
+from roadie.registry.module import Action, Lease, Module, ModuleConfig, maybe_await
+
+log = structlog.get_logger(__name__)
+ENTRY_POINT_GROUP = "roadie.modules"
+
+
+@dataclass
+class Loaded:
+    module: Module
+    state: Any
+
+
+class Registry:
+    """Actions and leases by id (`module.name`), each with its module's opened state."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or SystemClock()
+        self._loaded: dict[str, Loaded] = {}
+
+    def register(self, module: Module, settings: Mapping[str, Any] | None = None, *, base_dir: str = ".") -> None:
+        """Add a module and open its state now, so a bad setup fails at start, not mid-run."""
+        if module.name in self._loaded:
+            raise RegistryError(f"module {module.name!r} is registered twice")
+        module.check()
+        state = None
+        if module.setup_fn is not None:
+            state = module.setup_fn(ModuleConfig(settings or {}, self.clock, base_dir))
+        self._loaded[module.name] = Loaded(module, state)
+
+    async def close(self) -> None:
+        for loaded in self._loaded.values():
+            if loaded.module.close_fn is not None:
+                await maybe_await(loaded.module.close_fn(loaded.state))
+
+    @property
+    def modules(self) -> list[Module]:
+        return [loaded.module for loaded in self._loaded.values()]
+
+    def state(self, module_name: str) -> Any:
+        return self._loaded[module_name].state
+
+    def module(self, name: str) -> Module:
+        try:
+            return self._loaded[name].module
+        except KeyError:
+            raise RegistryError(f"no module {name!r} is registered") from None
+
+    def action_ids(self) -> list[str]:
+        return sorted(a.id for m in self.modules for a in m.actions.values())
+
+    def lease_ids(self) -> list[str]:
+        return sorted(lease.id for m in self.modules for lease in m.leases.values())
+
+    def action(self, action_id: str) -> Action:
+        module_name, _, name = action_id.partition(".")
+        loaded = self._loaded.get(module_name)
+        action = loaded.module.actions.get(name) if loaded else None
+        if action is None:
+            raise UnknownAction(f"unknown action {action_id!r}{_suggest(action_id, self.action_ids())}")
+        return action
+
+    def lease(self, lease_id: str) -> Lease:
+        module_name, _, name = lease_id.partition(".")
+        loaded = self._loaded.get(module_name)
+        lease = loaded.module.leases.get(name) if loaded else None
+        if lease is None:
+            raise UnknownLease(f"unknown lease {lease_id!r}{_suggest(lease_id, self.lease_ids())}")
+        return lease
+
+    def lease_for_ref(self, ref: str) -> tuple[Lease, str | None] | None:
+        """Parse `lease#target` and find the lease; None when no module registers it."""
+        lease_id, sep, target = ref.partition("#")
+        try:
+            lease = self.lease(lease_id)
+        except UnknownLease:
+            return None
+        if lease.targeted != bool(sep and target):
+            return None
+        return lease, (target if sep else None)
+
+
+def _suggest(wrong: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(wrong, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def import_module_object(path: str) -> Module:
+    """Import `package.module:attribute` (or `package.module`, attribute `module`)."""
+    target, _, attribute = path.partition(":")
+    try:
+        imported = importlib.import_module(target)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {path!r}: {exc}") from exc
+    obj = getattr(imported, attribute or "module", None)
+    if not isinstance(obj, Module):
+        raise ConfigError(f"{path!r} is not a roadie Module")
+    return obj
+
+
+def discovered_modules() -> dict[str, str]:
+    """Entry points of the `roadie.modules` group: module name -> import path."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def build_registry(
+    modules: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    clock: Clock | None = None,
+    base_dir: str = ".",
+    discover: bool = True,
+) -> Registry:
+    """A registry of the entry-point modules plus those named in configuration.
+
+    `modules` maps a module name to its settings table; a table with `import = "pkg:attr"`
+    loads that object, one without loads the entry point of that name. With `discover`,
+    every installed entry point is loaded, with empty settings unless configured.
+    """
+    registry = Registry(clock)
+    configured = dict(modules or {})
+    found = discovered_modules() if discover else {}
+    names = list(dict.fromkeys(["core", *found, *configured]))
+    for name in names:
+        settings = dict(configured.get(name, {}))
+        if settings.get("enabled", True) is False:
+            continue
+        path = settings.pop("import", None) or found.get(name)
+        if path is None and name == "core":
+            path = "roadie.modules.core:module"
+        if path is None:
+            raise ConfigError(f"module {name!r} is configured but not installed and has no 'import'")
+        module = import_module_object(str(path))
+        if module.name != name:
+            raise ConfigError(f"{path!r} is module {module.name!r}, configured as {name!r}")
+        registry.register(module, settings, base_dir=base_dir)
+        log.debug("module loaded", module=name, path=path)
+    return registry

@@ -1,0 +1,76 @@
+"""The states of runs, steps and ledger rows. Never bare strings elsewhere."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reversible(StrEnum):
+    """How the effect of an action is taken back down (DESIGN §3)."""
+
+    NONE = "none"
+    SELF = "self"
+    LEDGER = "ledger"
+    OVERRIDE = "override"
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_RUN_STATUSES
+
+
+TERMINAL_RUN_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class CleanupStatus(StrEnum):
+    NOT_REQUIRED = "not_required"
+    PENDING = "pending"
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+
+
+class CleanupPolicy(StrEnum):
+    AUTO = "auto"
+    MANUAL = "manual"
+
+
+class StepStatus(StrEnum):
+    READY = "ready"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    @property
+    def ended(self) -> bool:
+        return self in (StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED)
+
+
+class OnError(StrEnum):
+    FAIL = "fail"
+    CONTINUE = "continue"
+
+
+class ResourceState(StrEnum):
+    """A ledger row's life. `pending` and `live` rows hold their target."""
+
+    PENDING = "pending"  # a placeholder awaiting its answer, or a lease reserved before dispatch
+    LIVE = "live"  # confirmed: the world holds it and cleanup will come back for it
+    RESOLVED = "resolved"  # a placeholder whose step answered; the real rows carry on
+    REVERTED = "reverted"  # taken back down; kept for history, target freed
+    ABANDONED = "abandoned"  # forgotten by an admin; kept for history, target freed
+
+    @property
+    def holds_target(self) -> bool:
+        return self in (ResourceState.PENDING, ResourceState.LIVE)
+
+
+STEP_KIND = "@step"
+OVERRIDE_KIND = "override"

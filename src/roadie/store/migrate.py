@@ -1,0 +1,26 @@
+"""Apply the schema migrations (`roadie init`, and every engine start)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url)
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def upgrade(connection: Connection) -> None:
+    """Bring the database on `connection` to the newest schema. Idempotent."""
+    command.upgrade(alembic_config(connection), "head")

@@ -1,0 +1,118 @@
+"""Typed views of the rows the store hands out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Row
+
+T = TypeVar("T")
+
+
+def from_row(cls: type[T], row: Row[Any]) -> T:
+    mapping = row._mapping
+    return cls(**{f.name: mapping[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    event_id: str
+    version: int
+    title: str
+    definition: dict[str, Any]
+    source: str
+    created_at: datetime
+    created_by: str
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: int
+    nonce: str
+    event_id: str
+    event_version: int
+    title: str
+    definition: dict[str, Any]
+    params: dict[str, Any]
+    status: str
+    cleanup_policy: str
+    cleanup_status: str
+    phase: int
+    materialised_phase: int
+    phase_due_at: datetime | None
+    ends_at: datetime | None
+    cancel_requested: bool
+    error: str | None
+    created_at: datetime
+    created_by: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    cleanup_claimed_by: str | None
+    cleanup_claim_expires: datetime | None
+    cleanup_attempts: int
+    cleanup_started_at: datetime | None
+    cleanup_ended_at: datetime | None
+    cleanup_report: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StepRow:
+    id: int
+    run_id: int
+    phase: int
+    seq: int
+    name: str
+    action: str
+    owner: str
+    reversible: str
+    lease_ref: str | None
+    params: dict[str, Any]
+    idempotency_key: str
+    status: str
+    attempts: int
+    max_attempts: int
+    retry: dict[str, Any]
+    timeout: float
+    on_error: str
+    not_before: datetime
+    claimed_by: str | None
+    claim_expires: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    error: str | None
+    output: Any
+    rejections: list[str] | None
+    attempt_log: list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class ResourceRow:
+    id: int
+    run_id: int
+    step_id: int | None
+    owner: str
+    kind: str
+    ref: str
+    payload: Any
+    until: datetime | None
+    member_key: str | None
+    state: str
+    created_at: datetime
+    updated_at: datetime
+    reverted_at: datetime | None
+    attempts: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    subject: str
+    detail: Any

@@ -1,0 +1,1189 @@
+"""Every SQL statement of the system, one named method each, verb first.
+
+The engine talks to the database only through `Store`. Methods that change state run in
+one transaction each; the ones the drain calls take whole batches, so a worker pays one
+commit for many steps.
+
+`write_point` is the fault hook of the crash tests: it is called with a name just before
+each write transaction commits, and whatever it raises aborts that transaction.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    bindparam,
+    case,
+    func,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from roadie.errors import InvalidState, NotFound, StoreError
+from roadie.states import (
+    OVERRIDE_KIND,
+    STEP_KIND,
+    CleanupStatus,
+    ResourceState,
+    Reversible,
+    RunStatus,
+    StepStatus,
+)
+from roadie.store import dialects, migrate
+from roadie.store.rows import AuditRow, EventRow, ResourceRow, RunRow, StepRow, from_row
+from roadie.store.tables import LIVE_STATES, UTCDateTime, audit, events, run_resources, runs, steps
+
+WritePoint = Callable[[str], None]
+_CHUNK = 400  # bound on bind parameters per statement, well inside every database's limit
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@dataclass
+class NewStep:
+    """A step as materialise inserts it."""
+
+    phase: int
+    seq: int
+    name: str
+    action: str
+    owner: str
+    reversible: Reversible
+    lease_ref: str | None
+    params: dict[str, Any]
+    idempotency_key: str
+    max_attempts: int
+    retry: dict[str, Any]
+    timeout: float
+    on_error: str
+
+
+@dataclass
+class NewResource:
+    """A resource a module reported, already checked by the ledger's rules."""
+
+    kind: str
+    ref: str
+    payload: Any = None
+    until: datetime | None = None
+    member_key: str | None = None
+
+
+@dataclass
+class Claimed:
+    """A claimed step, with the ledger row reserved for it before dispatch (if any)."""
+
+    step: StepRow
+    reserved_id: int | None = None
+    refused: str | None = None  # set when the reservation was refused: the step was failed
+
+
+@dataclass
+class Outcome:
+    """What happened to one dispatch, as the drain records it."""
+
+    step: StepRow
+    status: StepStatus  # SUCCEEDED, FAILED, or READY for a retry
+    at: datetime
+    output: Any = None
+    error: str | None = None
+    not_before: datetime | None = None
+    resources: list[NewResource] = field(default_factory=list)
+    rejections: list[str] = field(default_factory=list)
+    resolve_placeholder: bool = False
+    lease_until: datetime | None = None
+    confirm_lease: bool = False
+    started: datetime | None = None  # when this attempt was dispatched, for the timeline
+    recorded: int = 0  # filled in by the store: rows this run now holds for the step
+
+
+@dataclass
+class PhaseCounts:
+    """A run in flight, with the steps of its current phase still to end."""
+
+    run: RunRow
+    ready: int
+    running: int
+
+
+class Store:
+    def __init__(self, engine: AsyncEngine, *, write_point: WritePoint | None = None) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.write_point: WritePoint = write_point or (lambda name: None)
+
+    @classmethod
+    async def open(cls, url: str, *, migrate_schema: bool = True, **kwargs: Any) -> Store:
+        """Open the database at `url`, applying migrations first unless told not to."""
+        engine = dialects.create_engine(url, **kwargs)
+        store = cls(engine)
+        if migrate_schema:
+            await store.migrate()
+        return store
+
+    async def migrate(self) -> None:
+        async with self.engine.begin() as conn:
+            await conn.run_sync(migrate.upgrade)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    # -- plumbing -------------------------------------------------------------------
+
+    async def _write(self, name: str, work: Callable[[AsyncConnection], Any]) -> Any:
+        """Run `work` in one write transaction, passing the named write point before commit."""
+        try:
+            async with self.engine.connect() as conn:
+                async with conn.begin():
+                    result = await work(conn)
+                    self.write_point(name)
+                return result
+        except DBAPIError as exc:
+            raise StoreError(f"{name}: {exc.orig}") from exc
+
+    async def _read(self, work: Callable[[AsyncConnection], Any]) -> Any:
+        try:
+            async with self.engine.connect() as conn:
+                return await work(conn)
+        except DBAPIError as exc:
+            raise StoreError(str(exc.orig)) from exc
+
+    # -- events ---------------------------------------------------------------------
+
+    async def create_event_version(
+        self, event_id: str, title: str, definition: dict[str, Any], source: str, actor: str, now: datetime
+    ) -> EventRow:
+        """Store a new version of an event, or answer the newest one if it is identical."""
+
+        async def work(conn: AsyncConnection) -> EventRow:
+            latest = (
+                await conn.execute(
+                    select(events).where(events.c.event_id == event_id).order_by(events.c.version.desc()).limit(1)
+                )
+            ).first()
+            if latest is not None and latest.definition == definition:
+                return from_row(EventRow, latest)
+            version = (latest.version + 1) if latest is not None else 1
+            row = (
+                await conn.execute(
+                    events.insert()
+                    .values(
+                        event_id=event_id,
+                        version=version,
+                        title=title,
+                        definition=definition,
+                        source=source,
+                        created_at=now,
+                        created_by=actor,
+                    )
+                    .returning(*events.c)
+                )
+            ).one()
+            await self._audit(conn, now, actor, "event.apply", f"event:{event_id}", {"version": version})
+            return from_row(EventRow, row)
+
+        result: EventRow = await self._write("create_event_version", work)
+        return result
+
+    async def get_event(self, event_id: str, version: int | None = None) -> EventRow:
+        query = select(events).where(events.c.event_id == event_id)
+        query = query.where(events.c.version == version) if version else query.order_by(events.c.version.desc())
+
+        async def work(conn: AsyncConnection) -> EventRow:
+            row = (await conn.execute(query.limit(1))).first()
+            if row is None:
+                raise NotFound(f"no event {event_id!r}" + (f" version {version}" if version else ""))
+            return from_row(EventRow, row)
+
+        result: EventRow = await self._read(work)
+        return result
+
+    async def list_events(self) -> list[EventRow]:
+        newest = select(events.c.event_id, func.max(events.c.version).label("v")).group_by(events.c.event_id).subquery()
+        query = (
+            select(events)
+            .join(newest, and_(events.c.event_id == newest.c.event_id, events.c.version == newest.c.v))
+            .order_by(events.c.event_id)
+        )
+
+        async def work(conn: AsyncConnection) -> list[EventRow]:
+            return [from_row(EventRow, r) for r in await conn.execute(query)]
+
+        result: list[EventRow] = await self._read(work)
+        return result
+
+    # -- runs -----------------------------------------------------------------------
+
+    async def create_run(
+        self,
+        *,
+        event: EventRow,
+        definition: dict[str, Any],
+        params: dict[str, Any],
+        cleanup_policy: str,
+        first_phase_due: datetime,
+        actor: str,
+        now: datetime,
+    ) -> RunRow:
+        async def work(conn: AsyncConnection) -> RunRow:
+            row = (
+                await conn.execute(
+                    runs.insert()
+                    .values(
+                        nonce=secrets.token_hex(6),
+                        event_id=event.event_id,
+                        event_version=event.version,
+                        title=event.title,
+                        definition=definition,
+                        params=params,
+                        status=RunStatus.PENDING.value,
+                        cleanup_policy=cleanup_policy,
+                        cleanup_status=CleanupStatus.NOT_REQUIRED.value,
+                        phase=0,
+                        materialised_phase=-1,
+                        phase_due_at=first_phase_due,
+                        cancel_requested=False,
+                        created_at=now,
+                        created_by=actor,
+                        cleanup_attempts=0,
+                    )
+                    .returning(*runs.c)
+                )
+            ).one()
+            await self._audit(
+                conn, now, actor, "run.start", f"run:{row.id}", {"event": event.event_id, "params": params}
+            )
+            return from_row(RunRow, row)
+
+        result: RunRow = await self._write("create_run", work)
+        return result
+
+    async def get_run(self, run_id: int) -> RunRow:
+        async def work(conn: AsyncConnection) -> RunRow:
+            row = (await conn.execute(select(runs).where(runs.c.id == run_id))).first()
+            if row is None:
+                raise NotFound(f"no run {run_id}")
+            return from_row(RunRow, row)
+
+        result: RunRow = await self._read(work)
+        return result
+
+    async def list_runs(
+        self, *, status: str | None = None, event_id: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[RunRow]:
+        query = select(runs).order_by(runs.c.id.desc()).limit(limit).offset(offset)
+        if status:
+            query = query.where(runs.c.status == status)
+        if event_id:
+            query = query.where(runs.c.event_id == event_id)
+
+        async def work(conn: AsyncConnection) -> list[RunRow]:
+            return [from_row(RunRow, r) for r in await conn.execute(query)]
+
+        result: list[RunRow] = await self._read(work)
+        return result
+
+    async def request_cancel(self, run_id: int, actor: str, now: datetime) -> bool:
+        """Stop new dispatches of a run. In-flight steps answer; the run then ends cancelled."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            changed = await conn.execute(
+                update(runs)
+                .where(
+                    runs.c.id == run_id,
+                    runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]),
+                    runs.c.cancel_requested.is_(False),
+                )
+                .values(cancel_requested=True)
+            )
+            if changed.rowcount:
+                await self._skip_ready_steps(conn, [run_id], now, "run cancelled")
+                await self._audit(conn, now, actor, "run.cancel", f"run:{run_id}", None)
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("request_cancel", work)
+        return result
+
+    async def runs_in_flight(self) -> list[PhaseCounts]:
+        """Every unfinished run with how many steps of its current phase are ready and running."""
+        in_flight = runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value])
+
+        def count(status: StepStatus) -> Any:
+            return func.sum(case((steps.c.status == status.value, 1), else_=0))
+
+        counts = (
+            select(
+                steps.c.run_id,
+                count(StepStatus.READY).label("ready"),
+                count(StepStatus.RUNNING).label("running"),
+            )
+            .join(runs, and_(runs.c.id == steps.c.run_id, steps.c.phase == runs.c.phase))
+            .where(in_flight)
+            .group_by(steps.c.run_id)
+            .subquery()
+        )
+        query = (
+            select(
+                runs,
+                func.coalesce(counts.c.ready, 0).label("ready"),
+                func.coalesce(counts.c.running, 0).label("running"),
+            )
+            .select_from(runs.outerjoin(counts, counts.c.run_id == runs.c.id))
+            .where(in_flight)
+            .order_by(runs.c.id)
+        )
+
+        async def work(conn: AsyncConnection) -> list[PhaseCounts]:
+            return [PhaseCounts(from_row(RunRow, r), int(r.ready), int(r.running)) for r in await conn.execute(query)]
+
+        result: list[PhaseCounts] = await self._read(work)
+        return result
+
+    async def materialise_phase(self, run: RunRow, phase: int, new_steps: list[NewStep], now: datetime) -> bool:
+        """Insert a phase's steps, ignoring those already there, and mark the phase begun.
+
+        The insert ignores rows that exist, so materialising again after a crash (or by
+        a second worker at the same moment) repairs instead of duplicating. Answers
+        whether this call moved the run on.
+        """
+        rows = [
+            {
+                "run_id": run.id,
+                "phase": s.phase,
+                "seq": s.seq,
+                "name": s.name,
+                "action": s.action,
+                "owner": s.owner,
+                "reversible": s.reversible.value,
+                "lease_ref": s.lease_ref,
+                "params": s.params,
+                "idempotency_key": s.idempotency_key,
+                "status": StepStatus.READY.value,
+                "attempts": 0,
+                "max_attempts": s.max_attempts,
+                "retry": s.retry,
+                "timeout": s.timeout,
+                "on_error": s.on_error,
+                "not_before": now,
+                "created_at": now,
+            }
+            for s in new_steps
+        ]
+
+        async def work(conn: AsyncConnection) -> bool:
+            for chunk in _chunks(rows, 40):
+                await conn.execute(dialects.insert_ignore(self.dialect, steps), list(chunk))
+            changed = await conn.execute(
+                update(runs)
+                .where(runs.c.id == run.id, runs.c.materialised_phase == phase - 1, runs.c.phase == phase)
+                .values(
+                    materialised_phase=phase,
+                    status=RunStatus.RUNNING.value,
+                    started_at=func.coalesce(runs.c.started_at, now),
+                )
+            )
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("materialise_phase", work)
+        return result
+
+    async def begin_next_phase(self, run: RunRow, due: datetime) -> bool:
+        async def work(conn: AsyncConnection) -> bool:
+            changed = await conn.execute(
+                update(runs)
+                .where(runs.c.id == run.id, runs.c.phase == run.phase, runs.c.materialised_phase == run.phase)
+                .values(phase=run.phase + 1, phase_due_at=due)
+            )
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("begin_next_phase", work)
+        return result
+
+    async def hold_until(self, run: RunRow, ends_at: datetime) -> None:
+        """The last phase is over: the run holds until its duration is spent."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(runs).where(runs.c.id == run.id, runs.c.ends_at.is_(None)).values(ends_at=ends_at)
+            )
+
+        await self._write("hold_until", work)
+
+    async def finish_run(self, run: RunRow, status: RunStatus, now: datetime) -> bool:
+        """Move a run to a terminal state, once."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            changed = await conn.execute(
+                update(runs)
+                .where(runs.c.id == run.id, runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]))
+                .values(status=status.value, ended_at=now)
+            )
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("finish_run", work)
+        return result
+
+    async def fail_run(self, run_id: int, error: str, now: datetime) -> None:
+        """Stop a run's new dispatches because it cannot go on; it ends failed."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await self._fail_runs(conn, {run_id: error}, now)
+
+        await self._write("fail_run", work)
+
+    async def _fail_runs(self, conn: AsyncConnection, errors: dict[int, str], now: datetime) -> None:
+        for run_id, error in errors.items():
+            await conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.error.is_(None))
+                .values(error=error, cancel_requested=True)
+            )
+        await self._skip_ready_steps(conn, list(errors), now, "run failed")
+
+    async def _skip_ready_steps(self, conn: AsyncConnection, run_ids: list[int], now: datetime, why: str) -> None:
+        await conn.execute(
+            update(steps)
+            .where(steps.c.run_id.in_(run_ids), steps.c.status == StepStatus.READY.value)
+            .values(status=StepStatus.SKIPPED.value, ended_at=now, error=why)
+        )
+
+    # -- the drain ------------------------------------------------------------------
+
+    async def claim_steps(self, worker: str, now: datetime, limit: int, claim_ttl: float) -> list[Claimed]:
+        """Claim up to `limit` runnable steps and reserve their ledger rows, in one transaction.
+
+        For `ledger` steps that is the placeholder `{@step, key}`; for `override` steps the
+        lease's real row. Both are committed before this returns, so every dispatch that
+        follows has its durable record (DESIGN §4 rules 1 and 3). A lease whose target
+        another run holds is refused here, before the world is touched: its step fails.
+        """
+        runnable = (
+            select(steps.c.id)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(
+                steps.c.status == StepStatus.READY.value,
+                steps.c.not_before <= now,
+                runs.c.cancel_requested.is_(False),
+            )
+            .order_by(steps.c.not_before, steps.c.id)
+            .limit(limit)
+        )
+
+        async def work(conn: AsyncConnection) -> list[Claimed]:
+            rows = (
+                await conn.execute(
+                    update(steps)
+                    .where(steps.c.id.in_(runnable.scalar_subquery()))
+                    .values(
+                        status=StepStatus.RUNNING.value,
+                        claimed_by=worker,
+                        claim_expires=now + timedelta(seconds=claim_ttl),
+                        attempts=steps.c.attempts + 1,
+                        started_at=func.coalesce(steps.c.started_at, now),
+                    )
+                    .returning(*steps.c)
+                )
+            ).all()
+            claimed = sorted((Claimed(from_row(StepRow, r)) for r in rows), key=lambda c: c.step.id)
+            if claimed:
+                await self._reserve(conn, claimed, now)
+            return claimed
+
+        result: list[Claimed] = await self._write("claim_steps", work)
+        return result
+
+    async def _reserve(self, conn: AsyncConnection, claimed: list[Claimed], now: datetime) -> None:
+        wanted: dict[tuple[str, str, str], Claimed] = {}
+        inserts = []
+        for c in claimed:
+            s = c.step
+            if s.reversible == Reversible.LEDGER.value:
+                target = (s.owner, STEP_KIND, s.idempotency_key)
+                payload: Any = {"action": s.action, "phase": s.phase, "seq": s.seq}
+            elif s.reversible == Reversible.OVERRIDE.value and s.lease_ref:
+                target = ("core", OVERRIDE_KIND, s.lease_ref)
+                payload = None
+            else:
+                continue
+            wanted[target] = c
+            inserts.append(
+                {
+                    "run_id": s.run_id,
+                    "step_id": s.id,
+                    "owner": target[0],
+                    "kind": target[1],
+                    "ref": target[2],
+                    "payload": payload,
+                    "state": ResourceState.PENDING.value,
+                    "created_at": now,
+                    "updated_at": now,
+                    "attempts": 0,
+                }
+            )
+        if not inserts:
+            return
+        # Two steps of one batch may borrow the same target; the second waits its turn.
+        seen: set[tuple[str, str, str]] = set()
+        unique_inserts = []
+        for row in inserts:
+            key = (row["owner"], row["kind"], row["ref"])
+            if key not in seen:
+                seen.add(key)
+                unique_inserts.append(row)
+        for chunk in _chunks(unique_inserts, 40):
+            await conn.execute(dialects.insert_ignore(self.dialect, run_resources), list(chunk))
+        holders = await self._live_holders(conn, list(wanted))
+        refused: dict[int, str] = {}
+        dirty: set[int] = set()
+        for target, c in wanted.items():
+            holder = holders.get(target)
+            if holder is None:  # pragma: no cover - the insert above guarantees a live row
+                continue
+            if holder.run_id != c.step.run_id:
+                c.refused = f"{target[2]} is already held by run {holder.run_id}"
+                refused[c.step.id] = c.refused
+            else:
+                # This step's own earlier attempt, or an earlier borrow of the same target
+                # by the same run: either way, the row that is there is the one to use.
+                c.reserved_id = holder.id
+                dirty.add(c.step.run_id)
+        await self._mark_dirty(conn, dirty)
+        if refused:
+            fatal: dict[int, str] = {}
+            for c in claimed:
+                if c.step.id in refused:
+                    await conn.execute(
+                        update(steps)
+                        .where(steps.c.id == c.step.id)
+                        .values(
+                            status=StepStatus.FAILED.value,
+                            ended_at=now,
+                            claimed_by=None,
+                            claim_expires=None,
+                            error=refused[c.step.id],
+                            attempt_log=[
+                                *(c.step.attempt_log or []),
+                                {
+                                    "attempt": c.step.attempts,
+                                    "at": now.isoformat(),
+                                    "ended": now.isoformat(),
+                                    "result": "failed",
+                                    "error": refused[c.step.id],
+                                },
+                            ],
+                        )
+                    )
+                    if c.step.on_error == "fail":
+                        fatal.setdefault(c.step.run_id, f"step {c.step.name}: {refused[c.step.id]}")
+            if fatal:
+                await self._fail_runs(conn, fatal, now)
+
+    async def _live_holders(
+        self, conn: AsyncConnection, targets: list[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], ResourceRow]:
+        found: dict[tuple[str, str, str], ResourceRow] = {}
+        for chunk in _chunks(targets, 100):
+            query = select(run_resources).where(
+                tuple_(run_resources.c.owner, run_resources.c.kind, run_resources.c.ref).in_(list(chunk)),
+                run_resources.c.state.in_(LIVE_STATES),
+            )
+            for r in await conn.execute(query):
+                found[(r.owner, r.kind, r.ref)] = from_row(ResourceRow, r)
+        return found
+
+    async def _mark_dirty(self, conn: AsyncConnection, run_ids: Iterable[int]) -> None:
+        """There is now something to clean up. Guarded: never walks a run back from
+        `complete` or `incomplete`; only a human's "clean up again" does that."""
+        ids = sorted(set(run_ids))
+        if ids:
+            await conn.execute(
+                update(runs)
+                .where(runs.c.id.in_(ids), runs.c.cleanup_status == CleanupStatus.NOT_REQUIRED.value)
+                .values(cleanup_status=CleanupStatus.PENDING.value)
+            )
+
+    async def save_lease_value(self, resource_id: int, saved: Any, now: datetime) -> None:
+        """Keep the value a lease is about to overwrite, before it is overwritten."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(run_resources)
+                .where(run_resources.c.id == resource_id)
+                .values(payload={"saved": saved}, updated_at=now)
+            )
+
+        await self._write("save_lease_value", work)
+
+    async def get_resource(self, resource_id: int) -> ResourceRow:
+        async def work(conn: AsyncConnection) -> ResourceRow:
+            row = (await conn.execute(select(run_resources).where(run_resources.c.id == resource_id))).first()
+            if row is None:
+                raise NotFound(f"no resource {resource_id}")
+            return from_row(ResourceRow, row)
+
+        result: ResourceRow = await self._read(work)
+        return result
+
+    async def record_outcomes(self, outcomes: list[Outcome]) -> None:
+        """Record a batch of answers in one transaction.
+
+        Resources go in through the live-target key: a target this run already holds is
+        "already recorded"; one another run holds becomes a rejection naming that run.
+        Then placeholders resolve, leases confirm, steps end or wait for their retry.
+        """
+        if not outcomes:
+            return
+
+        async def work(conn: AsyncConnection) -> None:
+            await self._record_resources(conn, outcomes)
+            resolved = [o.step.idempotency_key for o in outcomes if o.resolve_placeholder]
+            for chunk in _chunks(resolved):
+                await conn.execute(
+                    update(run_resources)
+                    .where(
+                        run_resources.c.kind == STEP_KIND,
+                        run_resources.c.ref.in_(list(chunk)),
+                        run_resources.c.state == ResourceState.PENDING.value,
+                    )
+                    .values(state=ResourceState.RESOLVED.value, updated_at=outcomes[0].at)
+                )
+            for o in outcomes:
+                if o.confirm_lease and o.step.lease_ref:
+                    await conn.execute(
+                        update(run_resources)
+                        .where(
+                            run_resources.c.owner == "core",
+                            run_resources.c.kind == OVERRIDE_KIND,
+                            run_resources.c.ref == o.step.lease_ref,
+                            run_resources.c.run_id == o.step.run_id,
+                            run_resources.c.state.in_(LIVE_STATES),
+                        )
+                        .values(state=ResourceState.LIVE.value, until=o.lease_until, updated_at=o.at)
+                    )
+            await self._end_steps(conn, outcomes)
+            fatal = {
+                o.step.run_id: f"step {o.step.name}: {o.error}"
+                for o in outcomes
+                if o.status is StepStatus.FAILED and o.step.on_error == "fail"
+            }
+            if fatal:
+                await self._fail_runs(conn, fatal, outcomes[0].at)
+
+        await self._write("record_outcomes", work)
+
+    async def _record_resources(self, conn: AsyncConnection, outcomes: list[Outcome]) -> None:
+        rows = []
+        for o in outcomes:
+            for r in o.resources:
+                rows.append(
+                    {
+                        "run_id": o.step.run_id,
+                        "step_id": o.step.id,
+                        "owner": o.step.owner,
+                        "kind": r.kind,
+                        "ref": r.ref,
+                        "payload": r.payload,
+                        "until": r.until,
+                        "member_key": r.member_key,
+                        "state": ResourceState.LIVE.value,
+                        "created_at": o.at,
+                        "updated_at": o.at,
+                        "attempts": 0,
+                    }
+                )
+        if not rows:
+            return
+        for chunk in _chunks(rows, 40):
+            await conn.execute(dialects.insert_ignore(self.dialect, run_resources), list(chunk))
+        holders = await self._live_holders(conn, [(r["owner"], r["kind"], r["ref"]) for r in rows])
+        dirty = set()
+        for o in outcomes:
+            for r in o.resources:
+                holder = holders.get((o.step.owner, r.kind, r.ref))
+                if holder is not None and holder.run_id != o.step.run_id:
+                    o.rejections.append(f"{r.kind} {r.ref!r} is already held by run {holder.run_id}")
+                elif holder is not None:
+                    o.recorded += 1
+                    dirty.add(o.step.run_id)
+        await self._mark_dirty(conn, dirty)
+
+    async def _end_steps(self, conn: AsyncConnection, outcomes: list[Outcome]) -> None:
+        params = []
+        for o in outcomes:
+            entry: dict[str, Any] = {
+                "attempt": o.step.attempts,
+                "at": (o.started or o.at).isoformat(),
+                "ended": o.at.isoformat(),
+                "result": "succeeded"
+                if o.status is StepStatus.SUCCEEDED
+                else "retry"
+                if o.status is StepStatus.READY
+                else "failed",
+            }
+            if o.error:
+                entry["error"] = o.error
+            params.append(
+                {
+                    "b_id": o.step.id,
+                    "b_status": o.status.value,
+                    "b_output": o.output,
+                    "b_error": o.error,
+                    "b_rejections": o.rejections or None,
+                    "b_not_before": o.not_before or o.step.not_before,
+                    "b_ended_at": o.at if o.status is not StepStatus.READY else None,
+                    "b_log": [*(o.step.attempt_log or []), entry],
+                }
+            )
+        statement = (
+            update(steps)
+            .where(steps.c.id == bindparam("b_id"), steps.c.status == StepStatus.RUNNING.value)
+            .values(
+                status=bindparam("b_status"),
+                output=bindparam("b_output"),
+                error=bindparam("b_error"),
+                rejections=bindparam("b_rejections"),
+                not_before=bindparam("b_not_before"),
+                ended_at=bindparam("b_ended_at"),
+                attempt_log=bindparam("b_log"),
+                claimed_by=None,
+                claim_expires=None,
+            )
+        )
+        await conn.execute(statement, params)
+
+    async def requeue_expired_claims(self, now: datetime) -> int:
+        """Steps whose worker vanished go back to `ready` under the same key.
+
+        The attempt that was lost counts; a step with no attempts left fails, because a
+        worker that keeps dying on it is a failure too, and cleanup must get its turn.
+        """
+
+        async def work(conn: AsyncConnection) -> int:
+            expired = and_(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires < now)
+            failed = (
+                await conn.execute(
+                    update(steps)
+                    .where(expired, steps.c.attempts >= steps.c.max_attempts)
+                    .values(
+                        status=StepStatus.FAILED.value,
+                        ended_at=now,
+                        claimed_by=None,
+                        claim_expires=None,
+                        error="the worker running its last attempt was lost",
+                    )
+                    .returning(steps.c.run_id, steps.c.on_error, steps.c.name)
+                )
+            ).all()
+            requeued = await conn.execute(
+                update(steps)
+                .where(expired)
+                .values(
+                    status=StepStatus.READY.value,
+                    claimed_by=None,
+                    claim_expires=None,
+                    not_before=now,
+                    error="the worker running this step was lost; retried under the same key",
+                )
+            )
+            fatal = {
+                r.run_id: f"step {r.name}: the worker running its last attempt was lost"
+                for r in failed
+                if r.on_error == "fail"
+            }
+            if fatal:
+                await self._fail_runs(conn, fatal, now)
+            return int(requeued.rowcount or 0) + len(failed)
+
+        result: int = await self._write("requeue_expired_claims", work)
+        return result
+
+    async def next_step_due(self) -> datetime | None:
+        query = select(func.min(steps.c.not_before)).where(steps.c.status == StepStatus.READY.value)
+
+        async def work(conn: AsyncConnection) -> datetime | None:
+            value = (await conn.execute(query)).scalar()
+            return _aware(value)
+
+        result: datetime | None = await self._read(work)
+        return result
+
+    async def next_claim_expiry(self) -> datetime | None:
+        query = select(func.min(steps.c.claim_expires)).where(steps.c.status == StepStatus.RUNNING.value)
+
+        async def work(conn: AsyncConnection) -> datetime | None:
+            return _aware((await conn.execute(query)).scalar())
+
+        result: datetime | None = await self._read(work)
+        return result
+
+    async def list_steps(self, run_id: int) -> list[StepRow]:
+        query = select(steps).where(steps.c.run_id == run_id).order_by(steps.c.phase, steps.c.seq)
+
+        async def work(conn: AsyncConnection) -> list[StepRow]:
+            return [from_row(StepRow, r) for r in await conn.execute(query)]
+
+        result: list[StepRow] = await self._read(work)
+        return result
+
+    async def steps_by_ids(self, step_ids: list[int]) -> list[StepRow]:
+        async def work(conn: AsyncConnection) -> list[StepRow]:
+            found: list[StepRow] = []
+            for chunk in _chunks(step_ids):
+                found.extend(
+                    from_row(StepRow, r) for r in await conn.execute(select(steps).where(steps.c.id.in_(list(chunk))))
+                )
+            return found
+
+        result: list[StepRow] = await self._read(work)
+        return result
+
+    async def extend_step_claims(self, worker: str, step_ids: list[int], now: datetime, ttl: float) -> None:
+        """The worker's heartbeat: it is alive and still holds these steps."""
+        if not step_ids:
+            return
+
+        async def work(conn: AsyncConnection) -> None:
+            for chunk in _chunks(step_ids):
+                await conn.execute(
+                    update(steps)
+                    .where(
+                        steps.c.id.in_(list(chunk)),
+                        steps.c.claimed_by == worker,
+                        steps.c.status == StepStatus.RUNNING.value,
+                    )
+                    .values(claim_expires=now + timedelta(seconds=ttl))
+                )
+
+        await self._write("extend_step_claims", work)
+
+    async def skip_ready_steps(self, run_id: int, now: datetime, why: str) -> None:
+        async def work(conn: AsyncConnection) -> None:
+            await self._skip_ready_steps(conn, [run_id], now, why)
+
+        await self._write("skip_ready_steps", work)
+
+    async def get_step_by_key(self, idempotency_key: str) -> StepRow:
+        async def work(conn: AsyncConnection) -> StepRow:
+            row = (await conn.execute(select(steps).where(steps.c.idempotency_key == idempotency_key))).first()
+            if row is None:
+                raise NotFound(f"no step with key {idempotency_key!r}")
+            return from_row(StepRow, row)
+
+        result: StepRow = await self._read(work)
+        return result
+
+    async def record_late_resources(self, step: StepRow, resources: list[NewResource], now: datetime) -> Outcome:
+        """Resources a step's effect made by itself, reported after the step answered."""
+        outcome = Outcome(step=step, status=StepStatus(step.status), at=now, resources=resources)
+
+        async def work(conn: AsyncConnection) -> None:
+            await self._record_resources(conn, [outcome])
+
+        await self._write("record_late_resources", work)
+        return outcome
+
+    # -- the ledger, read half --------------------------------------------------------
+
+    async def list_resources(self, run_id: int, *, live_only: bool = False) -> list[ResourceRow]:
+        query = select(run_resources).where(run_resources.c.run_id == run_id).order_by(run_resources.c.id)
+        if live_only:
+            query = query.where(run_resources.c.state.in_(LIVE_STATES))
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def live_step_groups(
+        self, run_id: int, *, member_key: str | None, before: int | None, limit: int
+    ) -> list[tuple[int | None, int]]:
+        """(step id, newest row id) of the steps with live rows, newest first, one page."""
+        newest = func.max(run_resources.c.id).label("newest")
+        query = (
+            select(run_resources.c.step_id, newest)
+            .where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES))
+            .group_by(run_resources.c.step_id)
+            .order_by(newest.desc())
+            .limit(limit)
+        )
+        if member_key is not None:
+            query = query.where(run_resources.c.member_key == member_key)
+        if before is not None:
+            query = query.having(func.max(run_resources.c.id) < before)
+
+        async def work(conn: AsyncConnection) -> list[tuple[int | None, int]]:
+            return [(r.step_id, int(r.newest)) for r in await conn.execute(query)]
+
+        result: list[tuple[int | None, int]] = await self._read(work)
+        return result
+
+    async def live_rows_of_steps(
+        self, run_id: int, step_ids: list[int | None], *, member_key: str | None
+    ) -> list[ResourceRow]:
+        ids = [s for s in step_ids if s is not None]
+        condition: ColumnElement[bool] = run_resources.c.step_id.in_(ids)
+        if None in step_ids:
+            condition = or_(condition, run_resources.c.step_id.is_(None))
+        query = (
+            select(run_resources)
+            .where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES), condition)
+            .order_by(run_resources.c.id.desc())
+        )
+        if member_key is not None:
+            query = query.where(run_resources.c.member_key == member_key)
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def mark_reverted(self, ids: list[int], now: datetime) -> None:
+        """Reverted rows stay for history; leaving the live states frees their targets."""
+        if not ids:
+            return
+
+        async def work(conn: AsyncConnection) -> None:
+            for chunk in _chunks(ids):
+                await conn.execute(
+                    update(run_resources)
+                    .where(run_resources.c.id.in_(list(chunk)), run_resources.c.state.in_(LIVE_STATES))
+                    .values(
+                        state=ResourceState.REVERTED.value,
+                        reverted_at=now,
+                        updated_at=now,
+                        error=None,
+                        attempts=run_resources.c.attempts + 1,
+                    )
+                )
+
+        await self._write("mark_reverted", work)
+
+    async def mark_revert_failed(self, failures: dict[int, str], now: datetime) -> None:
+        if not failures:
+            return
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(run_resources)
+                .where(run_resources.c.id == bindparam("b_id"))
+                .values(error=bindparam("b_error"), attempts=run_resources.c.attempts + 1, updated_at=now),
+                [{"b_id": i, "b_error": e[:2000]} for i, e in failures.items()],
+            )
+
+        await self._write("mark_revert_failed", work)
+
+    async def claim_cleanup(
+        self, run_id: int, worker: str, now: datetime, ttl: float, *, again: bool, scoped: bool = False
+    ) -> bool:
+        """Take a run's cleanup, so one worker does it. `again` is a human's retry: it may
+        move `complete`/`incomplete` back to `pending` (the only path that does). A
+        `scoped` cleanup (one member) leaves the status alone."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            values: dict[str, Any] = {
+                "cleanup_claimed_by": worker,
+                "cleanup_claim_expires": now + timedelta(seconds=ttl),
+                "cleanup_attempts": runs.c.cleanup_attempts + 1,
+                "cleanup_started_at": now,
+            }
+            condition = [
+                runs.c.id == run_id,
+                or_(
+                    runs.c.cleanup_claimed_by.is_(None),
+                    runs.c.cleanup_claim_expires < now,
+                    runs.c.cleanup_claimed_by == worker,
+                ),
+            ]
+            if scoped:
+                pass
+            elif again:
+                values["cleanup_status"] = CleanupStatus.PENDING.value
+            else:
+                condition.append(runs.c.cleanup_status == CleanupStatus.PENDING.value)
+            changed = await conn.execute(update(runs).where(*condition).values(**values))
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("claim_cleanup", work)
+        return result
+
+    async def extend_cleanup_claim(self, run_id: int, worker: str, now: datetime, ttl: float) -> None:
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.cleanup_claimed_by == worker)
+                .values(cleanup_claim_expires=now + timedelta(seconds=ttl))
+            )
+
+        await self._write("extend_cleanup_claim", work)
+
+    async def finish_cleanup(
+        self,
+        run_id: int,
+        worker: str,
+        status: CleanupStatus | None,
+        report: dict[str, Any],
+        actor: str,
+        now: datetime,
+    ) -> None:
+        """Record a cleanup's report and release its claim; `status` None leaves it as it was."""
+
+        async def work(conn: AsyncConnection) -> None:
+            values: dict[str, Any] = {
+                "cleanup_report": report,
+                "cleanup_ended_at": now,
+                "cleanup_claimed_by": None,
+                "cleanup_claim_expires": None,
+            }
+            if status is not None:
+                values["cleanup_status"] = status.value
+            await conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+            summary = {k: report[k] for k in ("status", "member_key", "reverted", "restored", "failed") if k in report}
+            await self._audit(conn, now, actor, "cleanup", f"run:{run_id}", summary)
+
+        await self._write("finish_cleanup", work)
+
+    async def release_cleanup(self, run_id: int, worker: str) -> None:
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.cleanup_claimed_by == worker)
+                .values(cleanup_claimed_by=None, cleanup_claim_expires=None)
+            )
+
+        await self._write("release_cleanup", work)
+
+    async def runs_due_cleanup(self, now: datetime) -> list[int]:
+        """Ended runs with `auto` cleanup that are dirty and not being cleaned by anyone."""
+        query = (
+            select(runs.c.id)
+            .where(
+                runs.c.status.in_([s.value for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)]),
+                runs.c.cleanup_policy == "auto",
+                runs.c.cleanup_status == CleanupStatus.PENDING.value,
+                or_(runs.c.cleanup_claimed_by.is_(None), runs.c.cleanup_claim_expires < now),
+            )
+            .order_by(runs.c.id)
+        )
+
+        async def work(conn: AsyncConnection) -> list[int]:
+            return [int(r.id) for r in await conn.execute(query)]
+
+        result: list[int] = await self._read(work)
+        return result
+
+    async def expired_leases(self, now: datetime, limit: int = 100) -> list[ResourceRow]:
+        query = (
+            select(run_resources)
+            .where(
+                run_resources.c.kind == OVERRIDE_KIND,
+                run_resources.c.state == ResourceState.LIVE.value,
+                run_resources.c.until.is_not(None),
+                run_resources.c.until <= now,
+                run_resources.c.attempts < 5,  # after that, cleanup and a human take over
+            )
+            .order_by(run_resources.c.until)
+            .limit(limit)
+        )
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def next_lease_expiry(self) -> datetime | None:
+        query = select(func.min(run_resources.c.until)).where(
+            run_resources.c.kind == OVERRIDE_KIND, run_resources.c.state == ResourceState.LIVE.value
+        )
+
+        async def work(conn: AsyncConnection) -> datetime | None:
+            return _aware((await conn.execute(query)).scalar())
+
+        result: datetime | None = await self._read(work)
+        return result
+
+    async def leases_in_force(self) -> list[ResourceRow]:
+        query = (
+            select(run_resources)
+            .where(run_resources.c.kind == OVERRIDE_KIND, run_resources.c.state.in_(LIVE_STATES))
+            .order_by(run_resources.c.ref)
+        )
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def abandon_resource(self, resource_id: int, actor: str, reason: str, now: datetime) -> ResourceRow:
+        """An admin's `forget`: the row is kept as `abandoned`, its target freed, and audited."""
+
+        async def work(conn: AsyncConnection) -> ResourceRow:
+            row = (await conn.execute(select(run_resources).where(run_resources.c.id == resource_id))).first()
+            if row is None:
+                raise NotFound(f"no resource {resource_id}")
+            if row.state not in LIVE_STATES:
+                raise InvalidState(f"resource {resource_id} is {row.state}, not live")
+            await conn.execute(
+                update(run_resources)
+                .where(run_resources.c.id == resource_id)
+                .values(state=ResourceState.ABANDONED.value, updated_at=now, error=f"forgotten by {actor}: {reason}")
+            )
+            await self._audit(
+                conn,
+                now,
+                actor,
+                "resource.forget",
+                f"run:{row.run_id}",
+                {"resource": resource_id, "kind": row.kind, "ref": row.ref, "reason": reason},
+            )
+            return from_row(ResourceRow, row)
+
+        result: ResourceRow = await self._write("abandon_resource", work)
+        return result
+
+    # -- audit ----------------------------------------------------------------------
+
+    async def _audit(
+        self, conn: AsyncConnection, now: datetime, actor: str, action: str, subject: str, detail: Any
+    ) -> None:
+        await conn.execute(audit.insert().values(at=now, actor=actor, action=action, subject=subject, detail=detail))
+
+    async def write_audit(self, actor: str, action: str, subject: str, detail: Any, now: datetime) -> None:
+        async def work(conn: AsyncConnection) -> None:
+            await self._audit(conn, now, actor, action, subject, detail)
+
+        await self._write("write_audit", work)
+
+    async def list_audit(self, subject: str | None = None, limit: int = 100) -> list[AuditRow]:
+        query = select(audit).order_by(audit.c.id.desc()).limit(limit)
+        if subject:
+            query = query.where(audit.c.subject == subject)
+
+        async def work(conn: AsyncConnection) -> list[AuditRow]:
+            return [from_row(AuditRow, r) for r in await conn.execute(query)]
+
+        result: list[AuditRow] = await self._read(work)
+        return result
+
+
+def _aware(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    return UTCDateTime().process_result_value(value, None)  # type: ignore[arg-type]

@@ -1,0 +1,187 @@
+"""The schema, as SQLAlchemy Core tables. Migrations in `migrations/` create exactly this.
+
+Times are stored as UTC and read back timezone-aware. The ledger's live-target key
+(DESIGN §4 rule 2) is a partial unique index on `(owner, kind, ref)` over the rows that
+still hold their target: the database, not the engine, refuses a second live row.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A datetime stored naive in UTC and always read back aware."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are refused: pass an aware UTC time")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+LIVE_STATES = ("pending", "live")
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(100), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("title", String(200), nullable=False, default=""),
+    Column("definition", JSON, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(100), nullable=False),
+    UniqueConstraint("event_id", "version"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("nonce", String(32), nullable=False),
+    Column("event_id", String(100), nullable=False),
+    Column("event_version", Integer, nullable=False),
+    Column("title", String(200), nullable=False, default=""),
+    Column("definition", JSON, nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("cleanup_policy", String(16), nullable=False),
+    Column("cleanup_status", String(16), nullable=False),
+    Column("phase", Integer, nullable=False, default=0),
+    Column("materialised_phase", Integer, nullable=False, default=-1),
+    Column("phase_due_at", UTCDateTime, nullable=True),
+    Column("ends_at", UTCDateTime, nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("error", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(100), nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("ended_at", UTCDateTime, nullable=True),
+    Column("cleanup_claimed_by", String(100), nullable=True),
+    Column("cleanup_claim_expires", UTCDateTime, nullable=True),
+    Column("cleanup_attempts", Integer, nullable=False, default=0),
+    Column("cleanup_started_at", UTCDateTime, nullable=True),
+    Column("cleanup_ended_at", UTCDateTime, nullable=True),
+    Column("cleanup_report", JSON, nullable=True),
+    Index(None, "status"),
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=False),
+    Column("phase", Integer, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("action", String(130), nullable=False),
+    Column("owner", String(64), nullable=False),
+    Column("reversible", String(16), nullable=False),
+    Column("lease_ref", String(190), nullable=True),
+    Column("params", JSON, nullable=False),
+    Column("idempotency_key", String(100), nullable=False, unique=True),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("max_attempts", Integer, nullable=False),
+    Column("retry", JSON, nullable=False),
+    Column("timeout", Float, nullable=False),
+    Column("on_error", String(16), nullable=False),
+    Column("not_before", UTCDateTime, nullable=False),
+    Column("claimed_by", String(100), nullable=True),
+    Column("claim_expires", UTCDateTime, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("ended_at", UTCDateTime, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("output", JSON, nullable=True),
+    Column("rejections", JSON, nullable=True),
+    Column("attempt_log", JSON, nullable=True),
+    UniqueConstraint("run_id", "phase", "seq"),
+    Index(None, "status", "not_before"),
+)
+
+run_resources = Table(
+    "run_resources",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=False),
+    Column("step_id", Integer, ForeignKey("steps.id"), nullable=True),
+    Column("owner", String(64), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("ref", String(190), nullable=False),
+    Column("payload", JSON, nullable=True),
+    Column("until", UTCDateTime, nullable=True),
+    Column("member_key", String(190), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("reverted_at", UTCDateTime, nullable=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("error", Text, nullable=True),
+    Index(None, "run_id", "state"),
+    Index(None, "state", "kind", "until"),
+    Index(
+        "uq_run_resources_live_target",
+        "owner",
+        "kind",
+        "ref",
+        unique=True,
+        sqlite_where=text("state IN ('pending', 'live')"),
+        postgresql_where=text("state IN ('pending', 'live')"),
+    ),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("actor", String(100), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("subject", String(200), nullable=False),
+    Column("detail", JSON, nullable=True),
+    Index(None, "subject"),
+)

@@ -1,0 +1,598 @@
+"""Event files to validated definitions, with every mistake at its line; rendering a run."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from roadie.definitions import EventDefinition, FrozenDefinition, load_definition, load_file, render
+from roadie.errors import DefinitionError, Problem
+from roadie.modules import core
+from roadie.registry import Module, Registry
+
+
+class SpawnParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    creature: str
+    count: int = 1
+    region: str = "britain"
+    tags: list[str] = []
+
+
+@pytest.fixture
+def registry() -> Registry:
+    world = Module("world")
+
+    @world.action("spawn", reversible="ledger", params=SpawnParams)
+    def spawn(call: Any) -> None: ...
+
+    @spawn.revert
+    def despawn(call: Any) -> None: ...
+
+    reg = Registry()
+    reg.register(world)
+    reg.register(core.module)
+    return reg
+
+
+HARVEST = """\
+id: harvest
+title: Harvest festival
+duration: 2h
+params:
+  count:
+    type: int
+    default: 3
+  creature:
+    type: str
+    default: sheep
+  rate: {type: float}
+phases:
+  - name: announce
+    steps:
+      - action: core.log
+        with: {message: "{{ event.title }} begins"}
+  - name: spawn
+    after: 10m
+    steps:
+      - action: world.spawn
+        with:
+          creature: "{{ creature }}"
+          count: "{{ count }}"
+      - action: core.lease
+        with:
+          lease: world.xp_rate
+          value: "{{ rate }}"
+          for: 1h
+"""
+
+
+def problems_of(text: str, source: str = "harvest.yaml", reg: Registry | None = None) -> list[Problem]:
+    with pytest.raises(DefinitionError) as caught:
+        load_definition(textwrap.dedent(text), source, reg)
+    return caught.value.problems
+
+
+def lines_of(problems: list[Problem]) -> list[str]:
+    return [str(p) for p in problems]
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def test_a_good_file_loads(registry: Registry, tmp_path: Path) -> None:
+    """A well-formed file loads from disk into a definition with durations in seconds."""
+    path = tmp_path / "harvest.yaml"
+    path.write_text(HARVEST)
+    definition = load_file(path, registry)
+    assert isinstance(definition, EventDefinition)
+    assert definition.id == "harvest"
+    assert definition.duration == 7200.0
+    assert definition.phases[1].after == 600.0
+    assert [s.action for s in definition.phases[1].steps] == ["world.spawn", "core.lease"]
+    assert definition.phases[1].steps[1].with_["for"] == "1h"
+
+
+def test_a_good_file_loads_without_a_registry() -> None:
+    """Without a registry only structure and templates are checked, so unknown actions pass."""
+    definition = load_definition(HARVEST.replace("world.spawn", "world.nothing"), "h.yaml", None)
+    assert definition.phases[1].steps[0].action == "world.nothing"
+
+
+def test_misspelled_action_reports_file_line_field_and_suggestion(registry: Registry) -> None:
+    """An unknown action is reported at the line of `action` with the registry's suggestion."""
+    text = HARVEST.replace("action: world.spawn", "action: world.spwan")
+    problems = problems_of(text, reg=registry)
+    assert lines_of(problems) == [
+        "harvest.yaml:20: phases[1].steps[0].action: unknown action 'world.spwan' (did you mean 'world.spawn'?)"
+    ]
+    assert problems[0].as_dict() == {
+        "source": "harvest.yaml",
+        "line": 20,
+        "field": "phases[1].steps[0].action",
+        "message": "unknown action 'world.spwan' (did you mean 'world.spawn'?)",
+    }
+
+
+def test_missing_field_is_placed_at_its_parent_mapping() -> None:
+    """A missing field says "field required" at the line of the mapping that lacks it."""
+    problems = problems_of(
+        """\
+        id: x
+        phases:
+          - name: one
+            steps:
+              - with: {message: hi}
+        """
+    )
+    assert lines_of(problems) == ["harvest.yaml:5: phases[0].steps[0].action: field required"]
+
+
+def test_missing_top_level_field_is_placed_on_the_first_line() -> None:
+    """A definition without phases is refused at the document's first line."""
+    assert lines_of(problems_of("id: x\ntitle: nothing\n")) == ["harvest.yaml:1: phases: field required"]
+
+
+def test_extra_field_is_named_with_a_close_match() -> None:
+    """A misspelled key is an unknown field, with the model's closest field suggested."""
+    problems = problems_of(
+        """\
+        id: x
+        phases:
+          - name: one
+            steps:
+              - actoin: core.log
+                action: core.log
+        """
+    )
+    assert lines_of(problems) == [
+        "harvest.yaml:5: phases[0].steps[0].actoin: unknown field 'actoin' (did you mean 'action'?)"
+    ]
+
+
+def test_extra_field_suggests_the_alias_an_operator_writes() -> None:
+    """A step's `with_` field is suggested by the name written in files, `with`."""
+    problems = problems_of(
+        """\
+        id: x
+        phases:
+          - name: one
+            steps:
+              - action: core.log
+                wiht: {message: hi}
+        """
+    )
+    assert problems[0].message == "unknown field 'wiht' (did you mean 'with'?)"
+
+
+def test_extra_field_without_close_match_has_no_suggestion() -> None:
+    """No suggestion is invented when nothing is close."""
+    problems = problems_of("id: x\nzzzzzz: 1\nphases: [{name: a, steps: [{action: core.log}]}]\n")
+    assert problems[0].message == "unknown field 'zzzzzz'"
+    assert problems[0].line == 2
+
+
+def test_bad_duration_keeps_the_parser_message_without_pydantic_prefix() -> None:
+    """A duration that does not parse is reported in the duration parser's words, at its line."""
+    problems = problems_of(
+        """\
+        id: x
+        phases:
+          - name: one
+            after: 10 minutes
+            steps: [{action: core.log}]
+        """
+    )
+    assert lines_of(problems) == [
+        "harvest.yaml:4: phases[0].after: '10 minutes' is not a duration (write e.g. 30s, 10m, 1h30m)"
+    ]
+
+
+def test_nested_model_errors_reach_their_line() -> None:
+    """Errors deep inside params and retry policies are located at their own keys."""
+    problems = problems_of(
+        """\
+        id: x
+        params:
+          count:
+            type: integer
+        phases:
+          - name: one
+            steps:
+              - action: core.log
+                retry:
+                  attempts: 0
+        """
+    )
+    assert [(p.line, p.field) for p in problems] == [
+        (4, "params.count.type"),
+        (10, "phases[0].steps[0].retry.attempts"),
+    ]
+
+
+def test_unknown_with_key_is_refused_with_suggestion(registry: Registry) -> None:
+    """A `with:` key the action's parameter model does not have is refused at its line."""
+    text = HARVEST.replace("          count: \"{{ count }}\"", "          cuont: 4")
+    problems = problems_of(text, reg=registry)
+    assert lines_of(problems) == [
+        "harvest.yaml:23: phases[1].steps[0].with.cuont: unknown field 'cuont' (did you mean 'count'?)"
+    ]
+
+
+def test_missing_with_key_is_placed_at_with(registry: Registry) -> None:
+    """A required parameter that is absent is reported at the line of `with`."""
+    text = HARVEST.replace("          lease: world.xp_rate\n", "")
+    problems = problems_of(text, reg=registry)
+    assert lines_of(problems) == ["harvest.yaml:25: phases[1].steps[1].with.lease: field required"]
+
+
+def test_wrong_literal_type_in_with_is_refused(registry: Registry) -> None:
+    """A literal value of the wrong type is refused when the file is loaded, not at run time."""
+    text = HARVEST.replace('count: "{{ count }}"', "count: many")
+    problems = problems_of(text, reg=registry)
+    assert [(p.line, p.field) for p in problems] == [(23, "phases[1].steps[0].with.count")]
+    assert "valid integer" in problems[0].message
+
+
+def test_bad_literal_duration_in_with_is_refused(registry: Registry) -> None:
+    """Action parameters typed as durations are checked at load time too."""
+    text = HARVEST.replace("for: 1h", "for: soon")
+    problems = problems_of(text, reg=registry)
+    assert lines_of(problems) == [
+        "harvest.yaml:28: phases[1].steps[1].with.for: 'soon' is not a duration (write e.g. 30s, 10m, 1h30m)"
+    ]
+
+
+def test_templated_value_is_validated_with_the_param_defaults(registry: Registry) -> None:
+    """A template whose params all have defaults is rendered with them and type-checked."""
+    text = HARVEST.replace('count: "{{ count }}"', 'count: "{{ creature }}"')
+    problems = problems_of(text, reg=registry)
+    assert [(p.line, p.field) for p in problems] == [(23, "phases[1].steps[0].with.count")]
+    assert "valid integer" in problems[0].message
+
+
+def test_templated_value_that_fits_with_defaults_passes(registry: Registry) -> None:
+    """Arithmetic on a defaulted int param keeps the int, so the probe accepts it."""
+    definition = load_definition(HARVEST.replace("{{ count }}", "{{ count * 2 }}"), "h.yaml", registry)
+    assert definition.phases[1].steps[0].with_["count"] == "{{ count * 2 }}"
+
+
+def test_templated_value_without_defaults_only_has_its_key_checked(registry: Registry) -> None:
+    """`rate` has no default: its value cannot be typed yet, but a wrong key is still refused."""
+    load_definition(HARVEST, "h.yaml", registry)
+    problems = problems_of(HARVEST.replace('value: "{{ rate }}"', 'valeu: "{{ rate }}"'), reg=registry)
+    assert lines_of(problems) == [
+        "harvest.yaml:25: phases[1].steps[1].with.value: field required",
+        "harvest.yaml:27: phases[1].steps[1].with.valeu: unknown field 'valeu' (did you mean 'value'?)",
+    ]
+
+
+def test_template_referencing_an_unknown_param_is_refused() -> None:
+    """Templates may use only declared params, `params`, `event` and `run`."""
+    text = HARVEST.replace("{{ creature }}", "{{ creatur }}").replace("{{ event.title }}", "{{ run.id }}")
+    problems = problems_of(text)
+    assert lines_of(problems) == [
+        "harvest.yaml:22: phases[1].steps[0].with.creature: template uses unknown param 'creatur'"
+        " (did you mean 'creature'?)"
+    ]
+
+
+def test_template_referencing_params_attribute_is_checked() -> None:
+    """`params.x` names a param too, so a misspelled one is caught; dict methods are not params."""
+    text = HARVEST.replace("{{ creature }}", "{{ params.cuont }}{{ params.items() | list }}")
+    problems = problems_of(text)
+    assert [p.message for p in problems] == ["template uses unknown param 'cuont' (did you mean 'count'?)"]
+
+
+def test_template_syntax_error_is_placed_at_its_value() -> None:
+    """A Jinja syntax error is a problem at the line of the value that holds it."""
+    text = HARVEST.replace('"{{ creature }}"', '"{{ creature "')
+    problems = problems_of(text)
+    assert [(p.line, p.field) for p in problems] == [(22, "phases[1].steps[0].with.creature")]
+    assert problems[0].message.startswith("template syntax error:")
+
+
+def test_template_in_a_nested_list_is_located() -> None:
+    """Templates inside lists in `with:` are checked and located by index."""
+    text = HARVEST.replace('count: "{{ count }}"', 'tags: [a, "{{ missing }}"]')
+    problems = problems_of(text)
+    assert [(p.line, p.field) for p in problems] == [(23, "phases[1].steps[0].with.tags[1]")]
+
+
+def test_unsafe_template_is_refused_at_load_time(registry: Registry) -> None:
+    """A template the sandbox will always refuse is reported when the file is loaded."""
+    text = HARVEST.replace('"{{ event.title }} begins"', "\"{{ ''.__class__.__mro__ }}\"")
+    problems = problems_of(text, reg=registry)
+    assert [p.field for p in problems] == ["phases[0].steps[0].with.message"]
+    assert "sandbox" in problems[0].message
+
+
+def test_reserved_param_name_is_refused() -> None:
+    """A param called `run` would hide the run's own context from templates."""
+    problems = problems_of(HARVEST.replace("  rate: {type: float}", "  rate: {type: float}\n  run: {type: str}"))
+    assert lines_of(problems) == ["harvest.yaml:12: params.run: param name 'run' is reserved for templates"]
+
+
+def test_yaml_syntax_error_names_its_line() -> None:
+    """A YAML syntax error is one problem, at the line PyYAML points to."""
+    problems = problems_of("id: x\nphases:\n  - name: one\n   steps: [\n")
+    assert len(problems) == 1
+    assert problems[0].line == 4
+    assert problems[0].message.startswith("invalid YAML:")
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    """A list, a scalar or an empty file is not an event definition."""
+    assert problems_of("- a\n- b\n")[0].message == "an event definition must be a mapping, got a list"
+    assert problems_of("")[0].message == "an event definition must be a mapping, got nothing"
+
+
+def test_duplicate_key_is_a_problem() -> None:
+    """A key written twice is reported at the second occurrence, naming the first."""
+    problems = problems_of(
+        """\
+        id: x
+        phases:
+          - name: one
+            steps:
+              - action: core.log
+                action: core.wait
+        """
+    )
+    assert lines_of(problems) == [
+        "harvest.yaml:6: phases[0].steps[0].action: duplicate key 'action' (first written on line 5)"
+    ]
+
+
+def test_merge_key_override_is_not_a_duplicate() -> None:
+    """Overriding a key merged in with `<<` is ordinary YAML, not a duplicate."""
+    text = """\
+    id: x
+    phases:
+      - name: one
+        steps:
+          - &log {action: core.log, timeout: 5s}
+          - <<: *log
+            action: core.wait
+    """
+    definition = load_definition(textwrap.dedent(text), "x.yaml", None)
+    assert [(s.action, s.timeout) for s in definition.phases[0].steps] == [("core.log", 5.0), ("core.wait", 5.0)]
+
+
+JSON_EVENT = (
+    "{\n"
+    '\t"id": "x",\n'
+    '\t"phases": [\n'
+    '\t\t{"name": "one", "steps": [\n'
+    '\t\t\t{"action": "world.spawn", "with": {"creature": "cow", "count": 1e2}},\n'
+    '\t\t\t{"action": "ACTION", "with": {"creature": "cow"}}\n'
+    "\t\t]}\n"
+    "\t]\n"
+    "}\n"
+)
+
+
+def test_json_lines_and_types(registry: Registry) -> None:
+    """Lines of a JSON file point at the right key even with tab indentation."""
+    problems = problems_of(JSON_EVENT.replace("ACTION", "world.spwan"), "x.json", registry)
+    assert lines_of(problems) == [
+        "x.json:6: phases[0].steps[1].action: unknown action 'world.spwan' (did you mean 'world.spawn'?)"
+    ]
+    extra = JSON_EVENT.replace("ACTION", "world.spawn").replace('"cow"}', '"cow", "x": 1}')
+    problems = problems_of(extra, "x.json", registry)
+    assert [(p.line, p.field, p.message) for p in problems] == [(6, "phases[0].steps[1].with.x", "unknown field 'x'")]
+
+
+def test_json_numbers_mean_what_json_says(registry: Registry) -> None:
+    """JSON is read by a JSON parser: `1e2` is the number 100, where YAML 1.1 reads a string."""
+    definition = load_definition(JSON_EVENT.replace("ACTION", "world.spawn"), "x.json", registry)
+    assert definition.phases[0].steps[0].with_["count"] == 100.0
+
+
+def test_json_is_detected_by_its_opening_brace() -> None:
+    """Text starting with `{` is read as JSON whatever its source is called: `1e2` is a number."""
+    text = '{"id": "x",\n "title": 1e2,\n "phases": [{"name": "a", "steps": [{"action": "core.log"}]}]}'
+    problems = problems_of(text, "api-upload")
+    assert [(p.line, p.field, p.message) for p in problems] == [(2, "title", "Input should be a valid string")]
+
+
+def test_duplicate_key_in_json_is_a_problem() -> None:
+    """JSON parsers keep the last of two equal keys silently; the loader reports it."""
+    problems = problems_of('{"id": "x",\n "phases": [],\n "phases": []}', "e.json")
+    assert (3, "duplicate key 'phases' (first written on line 2)") in [(p.line, p.message) for p in problems]
+
+
+def test_invalid_json_names_its_line() -> None:
+    """A `.json` file that is not JSON is refused with the JSON parser's line."""
+    problems = problems_of('{\n  "id": "x",\n  "phases": [,]\n}', "x.json")
+    assert len(problems) == 1
+    assert problems[0].line == 3
+    assert problems[0].message.startswith("invalid JSON:")
+
+
+def test_yaml_flow_mapping_is_still_yaml() -> None:
+    """A YAML flow mapping starts with `{` too, and is read as YAML when it is not JSON."""
+    definition = load_definition("{id: x, phases: [{name: a, steps: [{action: core.log}]}]}", "e", None)
+    assert definition.id == "x"
+
+
+def test_several_problems_are_reported_together_sorted_by_line(registry: Registry) -> None:
+    """One load reports every mistake of a file, in the order of its lines."""
+    text = """\
+    id: Bad Id
+    params:
+      n: {type: int, default: 2}
+    phases:
+      - name: one
+        steps:
+          - action: world.spwan
+          - action: world.spawn
+            with: {creature: 3, count: "{{ n }}", extra: 1}
+          - action: core.log
+            timeout: forever
+            with: {message: "{{ m }}"}
+    """
+    problems = problems_of(text, reg=registry)
+    assert [(p.line, p.field) for p in problems] == [
+        (1, "id"),
+        (7, "phases[0].steps[0].action"),
+        (9, "phases[0].steps[1].with.creature"),
+        (9, "phases[0].steps[1].with.extra"),
+        (11, "phases[0].steps[2].timeout"),
+        (12, "phases[0].steps[2].with.message"),
+    ]
+    assert str(DefinitionError(problems)).count("\n") == len(problems) - 1
+
+
+def test_alias_bomb_is_refused() -> None:
+    """Aliases that expand into a huge document are refused instead of validated."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 8):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    problems = problems_of("\n".join(lines) + "\n")
+    assert problems[0].message == "the document is too large once its aliases are expanded"
+
+
+def test_load_file_reports_an_unreadable_file(tmp_path: Path) -> None:
+    """A missing file is a DefinitionError naming it, not a bare OSError."""
+    with pytest.raises(DefinitionError) as caught:
+        load_file(tmp_path / "absent.yaml")
+    assert caught.value.problems[0].source.endswith("absent.yaml")
+
+
+def test_safe_loader_refuses_python_tags() -> None:
+    """Python object tags are refused: event files may come from outside."""
+    problems = problems_of("id: !!python/object/apply:os.system ['true']\nphases: []\n")
+    assert problems[0].line == 1
+    assert problems[0].message.startswith("invalid YAML:")
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def frozen(registry: Registry, given: dict[str, Any], text: str = HARVEST, run_id: int | None = 7) -> FrozenDefinition:
+    definition = load_definition(text, "harvest.yaml", registry)
+    return render(definition, definition.resolve_params(given), registry, run_id=run_id)
+
+
+def test_render_keeps_native_types(registry: Registry) -> None:
+    """A lone `{{ expr }}` keeps its type; text around an expression makes a string."""
+    result = frozen(registry, {"count": "5", "rate": 2.5})
+    spawn = result.phases[1].steps[0]
+    assert spawn.params["count"] == 5
+    assert result.phases[1].steps[1].params["value"] == 2.5
+    assert result.phases[0].steps[0].params["message"] == "Harvest festival begins"
+
+
+def test_render_keeps_lists_and_filters_become_lists(registry: Registry) -> None:
+    """A list-valued expression, even a lazy filter result, arrives as a list."""
+    text = HARVEST.replace('count: "{{ count }}"', "tags: \"{{ ['a', creature] | map('upper') }}\"")
+    result = frozen(registry, {"rate": 1.0}, text)
+    assert result.phases[1].steps[0].params["tags"] == ["A", "SHEEP"]
+
+
+def test_render_validates_and_fills_defaults_keeping_aliases(registry: Registry) -> None:
+    """Rendered params are the action model's dump: defaults filled in, `for` kept as written."""
+    result = frozen(registry, {"rate": 1.5})
+    spawn, lease = result.phases[1].steps
+    assert spawn.params == {"creature": "sheep", "count": 3, "region": "britain", "tags": []}
+    assert lease.params == {"lease": "world.xp_rate", "target": None, "value": 1.5, "for": 3600.0}
+    assert result.phases[0].steps[0].params["level"] == "info"
+
+
+def test_render_numbers_and_names_steps(registry: Registry) -> None:
+    """Steps are numbered from 0 in their phase and default to the name `action#seq`."""
+    result = frozen(registry, {"rate": 1.0})
+    assert [(s.phase, s.seq, s.name) for s in result.phases[1].steps] == [
+        (1, 0, "world.spawn#0"),
+        (1, 1, "core.lease#1"),
+    ]
+    assert result.phases[1].after == 600.0
+    assert result.params == {"count": 3, "creature": "sheep", "rate": 1.0}
+
+
+def test_render_sees_run_and_event(registry: Registry) -> None:
+    """Templates see `run.id`, `event.id` and the `params` mapping."""
+    text = HARVEST.replace("{{ event.title }} begins", "{{ event.id }}/{{ run.id }}/{{ params.count }}")
+    result = frozen(registry, {"rate": 1.0}, text, run_id=42)
+    assert result.phases[0].steps[0].params["message"] == "harvest/42/3"
+
+
+def test_render_refuses_a_bad_rendered_value(registry: Registry) -> None:
+    """A value that renders to the wrong type is refused, naming its field, with the event id as source."""
+    text = HARVEST.replace('"{{ creature }}"', "creature").replace('"{{ count }}"', '"{{ creature }}"')
+    definition = load_definition(text.replace("default: sheep", "default: '7'"), "h.yaml", registry)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"creature": "wolf", "rate": 1.0}), registry)
+    assert [(p.source, p.line, p.field) for p in caught.value.problems] == [
+        ("harvest", None, "phases[1].steps[0].with.count")
+    ]
+
+
+def test_render_refuses_missing_param_value(registry: Registry) -> None:
+    """A param left without a value renders to None, which a `str` parameter refuses."""
+    definition = load_definition(HARVEST.replace("    default: sheep\n", ""), "h.yaml", registry)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"rate": 1.0}), registry)
+    assert [(p.field, p.message) for p in caught.value.problems] == [
+        ("phases[1].steps[0].with.creature", "Input should be a valid string")
+    ]
+
+
+def test_render_refuses_unsafe_attribute_access(registry: Registry) -> None:
+    """The sandbox refuses `''.__class__.__mro__` with a DefinitionError, never a crash."""
+    text = HARVEST.replace('"{{ event.title }} begins"', "\"{{ ''.__class__.__mro__ }}\"")
+    definition = load_definition(text, "h.yaml", None)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"rate": 1.0}), registry)
+    (problem,) = caught.value.problems
+    assert problem.field == "phases[0].steps[0].with.message"
+    assert "unsafe" in problem.message
+
+
+def test_render_refuses_unsafe_access_inside_text(registry: Registry) -> None:
+    """The same refusal holds when the expression sits inside a larger string."""
+    text = HARVEST.replace('"{{ event.title }} begins"', "\"x {{ ''.__class__.__subclasses__() }}\"")
+    definition = load_definition(text, "h.yaml", None)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"rate": 1.0}), registry)
+    assert "sandbox" in caught.value.problems[0].message
+
+
+def test_render_refuses_huge_values(registry: Registry) -> None:
+    """Arithmetic that would build an enormous value is refused by the sandbox."""
+    text = HARVEST.replace('"{{ event.title }} begins"', "\"{{ 'x' * 10 ** 9 }}\"")
+    definition = load_definition(text, "h.yaml", None)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"rate": 1.0}), registry)
+    assert "too large" in caught.value.problems[0].message
+
+
+def test_render_reports_a_failing_expression(registry: Registry) -> None:
+    """A template that raises (division by zero) becomes a problem at its field."""
+    text = HARVEST.replace('"{{ count }}"', '"{{ count // 0 }}"')
+    definition = load_definition(text, "h.yaml", None)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"rate": 1.0}), registry)
+    (problem,) = caught.value.problems
+    assert problem.field == "phases[1].steps[0].with.count"
+    assert "ZeroDivisionError" in problem.message
+
+
+def test_render_refuses_unknown_action(registry: Registry) -> None:
+    """An action that disappeared from the registry is refused when a run is rendered."""
+    definition = load_definition(HARVEST.replace("world.spawn", "world.gone"), "h.yaml", None)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"rate": 1.0}), registry)
+    assert [p.field for p in caught.value.problems] == ["phases[1].steps[0].action"]
+
+
+def test_rendering_does_not_change_the_definition(registry: Registry) -> None:
+    """The frozen copy keeps the definition with its templates untouched."""
+    result = frozen(registry, {"rate": 1.0})
+    assert result.event.phases[1].steps[0].with_["count"] == "{{ count }}"
