@@ -1,0 +1,520 @@
+"""`roadie`: the command line. Every command takes `--database-url` and `--config`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from roadie.cli.context import Context, configure_logging, open_context
+from roadie.cli.progress import RunProgress
+from roadie.definitions import load_file
+from roadie.errors import DefinitionError, RoadieError
+from roadie.store.rows import RunRow
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="roadie",
+    help="Run live events against a world other software owns, and take back down exactly what they changed.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+event_app = typer.Typer(help="Event definitions: validate, apply, list.", no_args_is_help=True)
+run_app = typer.Typer(help="Runs: start, list, show, cancel.", no_args_is_help=True)
+sandbox_app = typer.Typer(help="The embedded sandbox world.", no_args_is_help=True)
+app.add_typer(event_app, name="event")
+app.add_typer(run_app, name="run")
+app.add_typer(sandbox_app, name="sandbox")
+
+console = Console()
+err = Console(stderr=True)
+
+DatabaseOption = typer.Option(None, "--database-url", help="Database URL (env ROADIE_DATABASE_URL; roadie.toml).")
+ConfigOption = typer.Option(None, "--config", help="Configuration file (default ./roadie.toml; env ROADIE_CONFIG).")
+JsonOption = typer.Option(False, "--json", help="Print JSON for scripts.")
+
+
+@app.callback()
+def main(
+    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    log_json: bool = typer.Option(False, "--log-json", help="Log as JSON lines on stderr."),
+) -> None:
+    configure_logging(log_level, json=log_json)
+
+
+def _run(database_url: str | None, config: str | None, work: Callable[[Context], Awaitable[T]], **kw: Any) -> T:
+    """Open the context, run `work`, and turn Roadie's errors into a message and exit 1."""
+
+    async def go() -> T:
+        async with open_context(database_url, config, **kw) as ctx:
+            return await work(ctx)
+
+    try:
+        return asyncio.run(go())
+    except DefinitionError as exc:
+        for problem in exc.problems:
+            err.print(f"[red]error[/] {problem}", highlight=False)
+        raise typer.Exit(1) from None
+    except RoadieError as exc:
+        err.print(f"[red]error[/] {exc.message}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+STATE_STYLE = {
+    "succeeded": "green",
+    "complete": "green",
+    "reverted": "dim",
+    "resolved": "dim",
+    "running": "cyan",
+    "ready": "blue",
+    "pending": "yellow",
+    "live": "yellow",
+    "failed": "red",
+    "incomplete": "red",
+    "cancelled": "magenta",
+    "skipped": "dim",
+    "abandoned": "magenta",
+    "not_required": "dim",
+}
+
+
+def _styled(state: str) -> str:
+    style = STATE_STYLE.get(state)
+    return f"[{style}]{state}[/]" if style else state
+
+
+# -- init / worker ----------------------------------------------------------------------
+
+
+@app.command()
+def init(database_url: str | None = DatabaseOption, config: str | None = ConfigOption) -> None:
+    """Create or upgrade the database schema (migrations are also applied on every start)."""
+
+    async def work(ctx: Context) -> str:
+        return ctx.settings.database_url
+
+    url = _run(database_url, config, work)
+    console.print(f"database ready: {url}")
+
+
+@app.command()
+def worker(
+    concurrency: int = typer.Option(32, "--concurrency", min=1, help="Steps dispatched at once."),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Run a worker: claim steps, dispatch them, record answers, clean up. Ctrl-C stops it."""
+
+    async def work(ctx: Context) -> None:
+        loop = asyncio.get_running_loop()
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, ctx.engine.stop)
+        console.print(f"worker {ctx.engine.worker_id} on {ctx.settings.database_url} (concurrency {concurrency})")
+        await ctx.engine.run_forever()
+
+    _run(database_url, config, work, concurrency=concurrency)
+
+
+# -- events -----------------------------------------------------------------------------
+
+
+@event_app.command("validate")
+def event_validate(
+    file: Path = typer.Argument(..., help="An event file, YAML or JSON."),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Check an event file against the loaded modules, without storing it."""
+
+    async def work(ctx: Context) -> str:
+        definition = load_file(file, ctx.registry)
+        return f"{file}: ok — event {definition.id!r}, {len(definition.phases)} phases, " + (
+            f"{sum(len(p.steps) for p in definition.phases)} steps"
+        )
+
+    console.print(_run(database_url, config, work), highlight=False)
+
+
+@event_app.command("apply")
+def event_apply(
+    file: Path = typer.Argument(..., help="An event file, YAML or JSON."),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Validate an event file and store it as the event's newest version."""
+
+    async def work(ctx: Context) -> str:
+        row = await _apply(ctx, file)
+        return f"event {row.event_id!r} version {row.version}"
+
+    console.print(_run(database_url, config, work), highlight=False)
+
+
+async def _apply(ctx: Context, file: Path) -> Any:
+    definition = load_file(file, ctx.registry)
+    return await ctx.store.create_event_version(
+        definition.id,
+        definition.title,
+        definition.model_dump(mode="json", by_alias=True),
+        file.read_text(),
+        os.environ.get("USER", "cli"),
+        ctx.engine.clock.now(),
+    )
+
+
+@event_app.command("list")
+def event_list(
+    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+) -> None:
+    """List events, newest version of each."""
+
+    async def work(ctx: Context) -> list[Any]:
+        return await ctx.store.list_events()
+
+    rows = _run(database_url, config, work)
+    if as_json:
+        _print_json([{"id": r.event_id, "version": r.version, "title": r.title} for r in rows])
+        return
+    table = Table("event", "version", "title", "phases")
+    for r in rows:
+        table.add_row(r.event_id, str(r.version), r.title, str(len(r.definition.get("phases", []))))
+    console.print(table)
+
+
+# -- runs -------------------------------------------------------------------------------
+
+
+def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{pair!r}: write --param name=value")
+        params[name.strip()] = value
+    return params
+
+
+@run_app.command("start")
+def run_start(
+    event: str = typer.Argument(..., help="An applied event's id, or an event file (applied first)."),
+    param: list[str] = typer.Option([], "--param", "-p", help="A parameter, name=value; repeatable."),
+    wait: bool = typer.Option(False, "--wait", help="Work the run here until it ends and is cleaned up."),
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Start a run of an event. Without --wait a `roadie worker` carries it out."""
+    params = _parse_params(param)
+
+    async def work(ctx: Context) -> RunRow:
+        path = Path(event)
+        row = await _apply(ctx, path) if path.suffix in (".yaml", ".yml", ".json") and path.exists() else None
+        if row is None:
+            row = await ctx.store.get_event(event)
+        run = await ctx.engine.start_run(row, params, actor=os.environ.get("USER", "cli"))
+        if not wait:
+            return run
+        view = RunProgress(console if not as_json else Console(quiet=True))
+        view.watch(run.id, run.definition)
+        ctx.engine.observer = view
+        with view:
+            [ended] = await ctx.engine.settle([run.id])
+        return ended
+
+    run = _run(database_url, config, work)
+    if as_json:
+        _print_json(_run_dict(run))
+    else:
+        console.print(f"run {run.id} of {run.event_id!r}: {_styled(run.status)}, cleanup {_styled(run.cleanup_status)}")
+    if wait and run.status != "succeeded":
+        raise typer.Exit(1)
+
+
+def _run_dict(run: RunRow) -> dict[str, Any]:
+    data = asdict(run)
+    data.pop("definition")
+    return data
+
+
+@run_app.command("list")
+def run_list(
+    status: str | None = typer.Option(None, "--status", help="Only runs in this state."),
+    event: str | None = typer.Option(None, "--event", help="Only runs of this event."),
+    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """List runs, newest first."""
+
+    async def work(ctx: Context) -> list[RunRow]:
+        return await ctx.store.list_runs(status=status, event_id=event, limit=limit)
+
+    runs = _run(database_url, config, work)
+    if as_json:
+        _print_json([_run_dict(r) for r in runs])
+        return
+    table = Table("run", "event", "status", "cleanup", "phase", "created", "error")
+    for r in runs:
+        phases = len(r.definition.get("phases", []))
+        table.add_row(
+            str(r.id),
+            r.event_id,
+            _styled(r.status),
+            _styled(r.cleanup_status),
+            f"{min(r.phase + 1, phases)}/{phases}",
+            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            (r.error or "")[:60],
+        )
+    console.print(table)
+
+
+@run_app.command("show")
+def run_show(
+    run_id: int = typer.Argument(..., metavar="RUN"),
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """A run: its state, its steps with their attempts, its ledger and its cleanup report."""
+
+    async def work(ctx: Context) -> tuple[RunRow, list[Any], list[Any]]:
+        run = await ctx.store.get_run(run_id)
+        return run, await ctx.store.list_steps(run_id), await ctx.store.list_resources(run_id)
+
+    run, steps, resources = _run(database_url, config, work)
+    if as_json:
+        _print_json(
+            {
+                "run": _run_dict(run),
+                "steps": [asdict(s) for s in steps],
+                "resources": [asdict(r) for r in resources],
+            }
+        )
+        return
+    console.print(
+        f"[bold]run {run.id}[/] · {run.event_id} v{run.event_version} · {_styled(run.status)} · "
+        f"cleanup {_styled(run.cleanup_status)} ({run.cleanup_policy})"
+    )
+    console.print(f"params {json.dumps(run.params)}", highlight=False)
+    if run.error:
+        console.print(f"[red]error[/] {run.error}", highlight=False)
+    names = [p["name"] for p in run.definition.get("phases", [])]
+    table = Table("phase", "step", "action", "status", "attempts", "error", title="steps")
+    for s in steps:
+        table.add_row(
+            names[s.phase] if s.phase < len(names) else str(s.phase),
+            s.name,
+            s.action,
+            _styled(s.status),
+            f"{s.attempts}/{s.max_attempts}",
+            (s.error or "; ".join(s.rejections or []))[:70],
+        )
+    console.print(table)
+    ledger = Table("id", "owner", "kind", "ref", "state", "member", "until", "error", title="ledger")
+    for r in resources:
+        ledger.add_row(
+            str(r.id),
+            r.owner,
+            r.kind,
+            r.ref,
+            _styled(r.state),
+            r.member_key or "",
+            r.until.strftime("%H:%M:%S") if r.until else "",
+            (r.error or "")[:50],
+        )
+    console.print(ledger)
+    if run.cleanup_report:
+        console.print(f"cleanup report {json.dumps(run.cleanup_report)}", highlight=False)
+
+
+@run_app.command("cancel")
+def run_cancel(
+    run_id: int = typer.Argument(..., metavar="RUN"),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Cancel a run: no new dispatches; in-flight steps answer; then cleanup per the event's policy."""
+
+    async def work(ctx: Context) -> bool:
+        return await ctx.engine.cancel_run(run_id, actor=os.environ.get("USER", "cli"))
+
+    if _run(database_url, config, work):
+        console.print(f"run {run_id}: cancel requested")
+    else:
+        err.print(f"run {run_id} is not in flight (or is already being cancelled)")
+        raise typer.Exit(1)
+
+
+# -- cleanup ----------------------------------------------------------------------------
+
+
+@app.command()
+def cleanup(
+    run_id: int = typer.Argument(..., metavar="RUN"),
+    plan: bool = typer.Option(False, "--plan", help="List what cleanup would call, and call nothing."),
+    member: str | None = typer.Option(None, "--member", help="Only the resources of this memberKey."),
+    again: bool = typer.Option(False, "--again", help="Clean up again after 'incomplete' or 'complete'."),
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Revert everything a run left in the world, newest first, and report."""
+
+    async def work(ctx: Context) -> Any:
+        if plan:
+            return await ctx.engine.cleanup.plan(run_id, member)
+        run = await ctx.store.get_run(run_id)
+        retry = again or run.cleanup_status in ("incomplete", "complete", "not_required")
+        return await ctx.engine.clean_up(run_id, actor=os.environ.get("USER", "cli"), member_key=member, again=retry)
+
+    result = _run(database_url, config, work)
+    if plan:
+        if as_json:
+            _print_json([asdict(c) for c in result])
+            return
+        table = Table("call", "step", "action", "key", "resources", title=f"cleanup plan for run {run_id}")
+        for c in result:
+            refs = ", ".join(f"{r['kind']} {r['ref']}" for r in c.resources[:4])
+            more = f" +{len(c.resources) - 4}" if len(c.resources) > 4 else ""
+            table.add_row(
+                c.kind, c.step, c.action, c.idempotency_key, (refs + more) or "[dim](whatever this key made)[/]"
+            )
+        console.print(table if result else f"run {run_id}: nothing to clean up")
+        return
+    if as_json:
+        _print_json(result.as_dict())
+    else:
+        console.print(
+            f"run {run_id} cleanup {_styled(result.status)}: {result.reverted} reverted, {result.restored} restored, "
+            f"{result.failed} failed in {result.calls} calls"
+        )
+        for e in result.errors:
+            console.print(f"  [red]✗[/] resource {e['resource']} ({e['step']}): {e['error']}", highlight=False)
+        for f in result.forgotten:
+            console.print(f"  [magenta]forgotten[/] {f['kind']} {f['ref']}: {f['why']}", highlight=False)
+    if result.status != "complete":
+        raise typer.Exit(1)
+
+
+@app.command()
+def forget(
+    resource_id: int = typer.Argument(..., metavar="RESOURCE", help="The ledger row's id (see `run show`)."),
+    reason: str = typer.Option(..., "--reason", help="Why it can never be reverted; kept in the audit log."),
+    actor: str = typer.Option(os.environ.get("USER", "admin"), "--actor", help="Who is forgetting it."),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Admin: give up on a resource that can never be reverted (its module is gone for good)."""
+
+    async def work(ctx: Context) -> Any:
+        return await ctx.engine.cleanup.forget(resource_id, actor=actor, reason=reason)
+
+    row = _run(database_url, config, work)
+    console.print(f"resource {row.id} ({row.kind} {row.ref}) of run {row.run_id} is forgotten; audited")
+
+
+@app.command()
+def leases(
+    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+) -> None:
+    """Leases in force across the world: which run holds which target, until when."""
+
+    async def work(ctx: Context) -> list[Any]:
+        return await ctx.store.leases_in_force()
+
+    rows = _run(database_url, config, work)
+    if as_json:
+        _print_json([asdict(r) for r in rows])
+        return
+    table = Table("target", "run", "state", "saved value", "until")
+    for r in rows:
+        saved = json.dumps(r.payload.get("saved")) if isinstance(r.payload, dict) else ""
+        table.add_row(r.ref, str(r.run_id), _styled(r.state), saved, r.until.isoformat() if r.until else "cleanup")
+    console.print(table if rows else "no leases in force")
+
+
+@app.command()
+def audit(
+    run_id: int | None = typer.Option(None, "--run", help="Only entries about this run."),
+    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """The audit log: who did what, newest first."""
+
+    async def work(ctx: Context) -> list[Any]:
+        return await ctx.store.list_audit(f"run:{run_id}" if run_id else None, limit)
+
+    rows = _run(database_url, config, work)
+    if as_json:
+        _print_json([asdict(r) for r in rows])
+        return
+    table = Table("at", "actor", "action", "subject", "detail")
+    for r in rows:
+        table.add_row(r.at.strftime("%Y-%m-%d %H:%M:%S"), r.actor, r.action, r.subject, json.dumps(r.detail)[:80])
+    console.print(table)
+
+
+# -- sandbox ----------------------------------------------------------------------------
+
+
+@sandbox_app.command("show")
+def sandbox_show(
+    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+) -> None:
+    """The sandbox world's state: regions, settings, creatures, items, active buffs."""
+
+    async def work(ctx: Context) -> dict[str, Any]:
+        snapshot: dict[str, Any] = ctx.registry.state("sandbox").snapshot()
+        return snapshot
+
+    snapshot = _run(database_url, config, work)
+    if as_json:
+        _print_json(snapshot)
+        return
+    from roadie.cli.demo import world_table
+
+    console.print(world_table({"now": snapshot}, title="sandbox world"))
+
+
+@app.command()
+def demo(
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Run the bundled invasion against the sandbox world with faults on, clean up, and
+    compare the world before and after. Exits 0 only if they are equal."""
+    from roadie.cli.demo import run_demo
+
+    equal = _run(database_url, config, lambda ctx: run_demo(ctx, console))
+    raise typer.Exit(0 if equal else 1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
