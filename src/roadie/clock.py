@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Clock(Protocol):
@@ -21,6 +22,10 @@ class Clock(Protocol):
         """Wait for `seconds` of this clock's time."""
         ...
 
+    def timeout(self, seconds: float) -> AbstractAsyncContextManager[object]:
+        """An `async with` block that raises TimeoutError after `seconds` of this clock's time."""
+        ...
+
 
 class SystemClock:
     """Wall-clock time and asyncio's sleep."""
@@ -30,6 +35,9 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+    def timeout(self, seconds: float) -> AbstractAsyncContextManager[object]:
+        return asyncio.timeout(seconds)
 
 
 class FakeClock:
@@ -44,9 +52,13 @@ class FakeClock:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         self._sleepers: list[tuple[datetime, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
+        self._timeouts: list[tuple[datetime, int, _FakeTimeout]] = []
 
     def now(self) -> datetime:
         return self._now
+
+    def timeout(self, seconds: float) -> AbstractAsyncContextManager[object]:
+        return _FakeTimeout(self, self._now + timedelta(seconds=seconds))
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -66,8 +78,42 @@ class FakeClock:
             _, _, future = heapq.heappop(self._sleepers)
             if not future.done():
                 future.set_result(None)
+        while self._timeouts and self._timeouts[0][0] <= self._now:
+            _, _, block = heapq.heappop(self._timeouts)
+            block.expire()
 
     def next_deadline(self) -> datetime | None:
-        """When the earliest sleeper wakes, if any is waiting."""
-        live = [s for s in self._sleepers if not s[2].done()]
-        return min(live)[0] if live else None
+        """When the earliest sleeper wakes or timeout expires, if any is waiting."""
+        waiting = [s[0] for s in self._sleepers if not s[2].done()]
+        waiting += [t[0] for t in self._timeouts if t[2].active]
+        return min(waiting) if waiting else None
+
+
+class _FakeTimeout:
+    """`asyncio.timeout` with no deadline of its own, given one on the loop's clock the
+    moment the fake clock passes its deadline."""
+
+    def __init__(self, clock: FakeClock, deadline: datetime) -> None:
+        self.clock = clock
+        self.deadline = deadline
+        self.active = False
+        self._block = asyncio.timeout(None)
+
+    async def __aenter__(self) -> object:
+        await self._block.__aenter__()
+        self.active = True
+        heapq.heappush(self.clock._timeouts, (self.deadline, next(self.clock._counter), self))
+        if self.deadline <= self.clock.now():
+            self.expire()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.active = False
+        self.clock._timeouts = [t for t in self.clock._timeouts if t[2] is not self]
+        heapq.heapify(self.clock._timeouts)
+        await self._block.__aexit__(*exc)
+
+    def expire(self) -> None:
+        if self.active:
+            self.active = False
+            self._block.reschedule(asyncio.get_running_loop().time())

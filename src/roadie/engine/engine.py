@@ -17,10 +17,10 @@ import asyncio
 import random
 import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import ValidationError
@@ -42,12 +42,13 @@ from roadie.errors import (
 )
 from roadie.registry import Call, Registry
 from roadie.states import CleanupPolicy, CleanupStatus, Reversible, RunStatus, StepStatus
-from roadie.store import Claimed, NewStep, Outcome, Store
+from roadie.store import Claimed, NewStep, Outcome, RunMove, Store
 from roadie.store.rows import EventRow, RunRow, StepRow
 
 log = structlog.get_logger(__name__)
 
 Observer = Callable[[str, dict[str, Any]], None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Engine:
         self.cleanup = Cleanup(store, registry, self.clock, self.worker_id, self.options.claim_ttl * 5)
         self.observer: Observer = observer or (lambda kind, data: None)
         self._stopping = asyncio.Event()
+        self._definitions: dict[int, FrozenDefinition] = {}
 
     # -- runs -----------------------------------------------------------------------
 
@@ -120,55 +122,87 @@ class Engine:
         return await self.store.request_cancel(run_id, actor, self.clock.now())
 
     async def _advance(self) -> tuple[bool, datetime | None]:
-        """Move every run in flight on as far as it can go now.
+        """Move every run in flight on as far as it can go now, in one transaction.
 
         Answers whether anything moved, and the earliest time something will be due.
-        Each transition is a guarded update, so two workers advancing one run cannot
-        both do it.
+        Each move is guarded by the run's state as read here, so if two workers advance
+        one run, only one move applies; the steps a losing move tried to insert are the
+        same rows (the same keys), which the insert ignores.
         """
-        moved = False
         due: datetime | None = None
         now = self.clock.now()
+        moves: list[RunMove] = []
         for counts in await self.store.runs_in_flight():
             run = counts.run
-            frozen = FrozenDefinition.model_validate(run.definition)
+            frozen = self._frozen(run)
             if run.cancel_requested:
-                if counts.ready:
-                    await self.store.skip_ready_steps(run.id, now, "run failed" if run.error else "run cancelled")
-                if not counts.running:
+                if counts.ready or not counts.running:
                     status = RunStatus.FAILED if run.error else RunStatus.CANCELLED
-                    if await self.store.finish_run(run, status, now):
-                        moved = True
-                        self._tell("run", {"run_id": run.id, "status": status.value})
+                    moves.append(RunMove(run, skip_ready=bool(counts.ready), finish=None if counts.running else status))
                 continue
-            if run.materialised_phase < run.phase:
+            move = RunMove(run)
+            phase, materialised = run.phase, run.materialised_phase
+            if materialised < phase:
                 assert run.phase_due_at is not None
-                if run.phase_due_at <= now:
-                    moved |= await self._materialise(run, frozen, now)
-                else:
+                if run.phase_due_at > now:
                     due = _earliest(due, run.phase_due_at)
-                continue
-            if counts.ready or counts.running:
-                continue
-            if run.phase + 1 < len(frozen.phases):
-                after = frozen.phases[run.phase + 1].after
-                moved |= await self.store.begin_next_phase(run, now + timedelta(seconds=after))
-                continue
-            if run.ends_at is None:
-                started = run.started_at or now
-                ends_at = max(now, started + timedelta(seconds=frozen.event.duration))
-                await self.store.hold_until(run, ends_at)
-                moved = True
-            elif run.ends_at <= now:
-                if await self.store.finish_run(run, RunStatus.SUCCEEDED, now):
-                    moved = True
-                    self._tell("run", {"run_id": run.id, "status": RunStatus.SUCCEEDED.value})
+                    continue
+                try:
+                    move.steps = self._steps_of(run, frozen, phase)
+                except RoadieError as exc:
+                    moves.append(
+                        RunMove(run, skip_ready=True, fail=f"phase {frozen.phases[phase].name}: {exc.message}")
+                    )
+                    continue
+                materialised = phase
+            elif not (counts.ready or counts.running):
+                if phase + 1 < len(frozen.phases):
+                    phase += 1
+                    after = frozen.phases[phase].after
+                    move.phase_due_at = now + timedelta(seconds=after)
+                    if after <= 0:  # no delay: begin the next phase in the same move
+                        try:
+                            move.steps = self._steps_of(run, frozen, phase)
+                            materialised = phase
+                        except RoadieError:
+                            pass  # the next pass, materialising on its own, fails the run
+                else:
+                    started = run.started_at or now
+                    ends_at = run.ends_at or max(now, started + timedelta(seconds=frozen.event.duration))
+                    if ends_at <= now:
+                        move.finish = RunStatus.SUCCEEDED
+                    elif run.ends_at is None:
+                        move.ends_at = ends_at
+                        due = _earliest(due, ends_at)
+                    else:
+                        due = _earliest(due, ends_at)
+                        continue
             else:
-                due = _earliest(due, run.ends_at)
-        return moved, due
+                continue
+            move.phase, move.materialised_phase = phase, materialised
+            moves.append(move)
+        if not moves:
+            return False, due
+        await self.store.advance_runs(moves, now)
+        for move in moves:
+            if move.steps and move.materialised_phase is not None:
+                name = self._frozen(move.run).phases[move.materialised_phase].name
+                self._tell("phase", {"run_id": move.run.id, "phase": move.materialised_phase, "name": name})
+            if move.finish is not None:
+                self._definitions.pop(move.run.id, None)
+                self._tell("run", {"run_id": move.run.id, "status": move.finish.value})
+        return True, due
 
-    async def _materialise(self, run: RunRow, frozen: FrozenDefinition, now: datetime) -> bool:
-        phase = frozen.phases[run.phase]
+    def _frozen(self, run: RunRow) -> FrozenDefinition:
+        """A run's definition never changes after it is created, so it is parsed once."""
+        frozen = self._definitions.get(run.id)
+        if frozen is None:
+            frozen = self._definitions[run.id] = FrozenDefinition.model_validate(run.definition)
+        return frozen
+
+    def _steps_of(self, run: RunRow, frozen: FrozenDefinition, index: int) -> list[NewStep]:
+        """The rows materialise inserts for one phase of a run."""
+        phase = frozen.phases[index]
         new_steps = []
         for step in phase.steps:
             action = self.registry.action(step.action)
@@ -191,24 +225,29 @@ class Engine:
                     on_error=step.on_error.value,
                 )
             )
-        moved = await self.store.materialise_phase(run, run.phase, new_steps, now)
-        if moved:
-            self._tell("phase", {"run_id": run.id, "phase": run.phase, "name": phase.name})
-        return moved
+        return new_steps
 
     # -- the drain ------------------------------------------------------------------
 
     async def _drain(self) -> bool:
         """Claim, dispatch and record until nothing is runnable now. Answers whether
-        anything was dispatched."""
+        anything was dispatched.
+
+        Claims refill the window in batches (when a quarter of it is free, or it is
+        empty), and every answer that is in when the worker looks is recorded in one
+        transaction: a database commit is the scarce thing, so each one carries as
+        many steps as are ready.
+        """
         inflight: dict[asyncio.Future[Any], Claimed] = {}
         heartbeat: asyncio.Task[None] | None = None
         worked = False
+        refill = max(1, self.options.concurrency // 4)
+        may_have_moved = True  # whether a run may have a phase to begin or an end to reach
         try:
             while True:
                 free = self.options.concurrency - len(inflight)
                 claimed: list[Claimed] = []
-                if free > 0 and not self._stopping.is_set():
+                if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
                     claimed = await self.store.claim_steps(
                         self.worker_id, self.clock.now(), free, self.options.claim_ttl
                     )
@@ -218,27 +257,33 @@ class Engine:
                                 "step",
                                 {"run_id": c.step.run_id, "step": c.step.name, "status": "failed", "error": c.refused},
                             )
+                            may_have_moved = True
                             continue
                         inflight[asyncio.create_task(self._dispatch(c))] = c
                         worked = True
+                    if len(claimed) < free and may_have_moved:
+                        # The queue ran dry: the steps that ended may have finished a phase.
+                        may_have_moved = False
+                        moved, _ = await self._advance()
+                        if moved:
+                            continue
                 if not inflight:
                     if claimed:
-                        continue
-                    moved, _ = await self._advance()
-                    if moved:
                         continue
                     return worked
                 if heartbeat is None or heartbeat.done():
                     heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
-                done, _ = await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
-                if heartbeat in done:
+                await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
+                # Let dispatches that are about to finish do so, and take them all at once.
+                await asyncio.sleep(0)
+                if heartbeat.done():
                     await self.store.extend_step_claims(
                         self.worker_id,
                         [c.step.id for c in inflight.values()],
                         self.clock.now(),
                         self.options.claim_ttl,
                     )
-                finished = [t for t in done if t is not heartbeat]
+                finished = [t for t in inflight if t.done()]
                 if finished:
                     outcomes: list[Outcome] = [t.result() for t in finished]
                     for t in finished:
@@ -247,7 +292,7 @@ class Engine:
                     for o in outcomes:
                         self._tell_outcome(o)
                     if any(o.status is not StepStatus.READY for o in outcomes):
-                        await self._advance()
+                        may_have_moved = True
         finally:
             for task in [*inflight, *([heartbeat] if heartbeat else [])]:
                 task.cancel()
@@ -310,18 +355,13 @@ class Engine:
             resolve_placeholder=ledgered and answer.readable,
         )
 
-    async def _with_timeout(self, work: Any, seconds: float) -> Any:
+    async def _with_timeout(self, work: Awaitable[T], seconds: float) -> T:
         """Await `work` for at most `seconds` of the engine's clock."""
-        task = asyncio.ensure_future(work)
-        timer = asyncio.create_task(self.clock.sleep(seconds))
         try:
-            done, _ = await asyncio.wait([task, timer], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise StepTimeout(f"no answer within {seconds:g}s")
+            async with self.clock.timeout(seconds):
+                return await work
+        except TimeoutError:
+            raise StepTimeout(f"no answer within {seconds:g}s") from None
 
     def _failed(
         self, step: StepRow, started: datetime, error: str, *, retryable: bool, delay: float | None = None
@@ -403,7 +443,7 @@ class Engine:
         ids = list(run_ids)
         for _ in range(max_ticks):
             due = await self.tick()
-            current = [await self.store.get_run(i) for i in ids]
+            current = await self.store.runs_by_ids(ids)
             if all(_settled(r) for r in current):
                 return current
             if due is None:

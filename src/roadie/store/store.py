@@ -112,6 +112,25 @@ class Outcome:
 
 
 @dataclass
+class RunMove:
+    """One run moved on by the engine: phase begun, steps inserted, held, ended or failed.
+
+    Applied with a guard on the run's state as it was read, so a second worker holding
+    the same stale view moves nothing.
+    """
+
+    run: RunRow
+    phase: int | None = None
+    materialised_phase: int | None = None
+    phase_due_at: datetime | None = None
+    ends_at: datetime | None = None
+    steps: list[NewStep] = field(default_factory=list)
+    finish: RunStatus | None = None
+    skip_ready: bool = False
+    fail: str | None = None  # the run cannot go on: stop it, and it ends failed
+
+
+@dataclass
 class PhaseCounts:
     """A run in flight, with the steps of its current phase still to end."""
 
@@ -353,16 +372,15 @@ class Store:
         result: list[PhaseCounts] = await self._read(work)
         return result
 
-    async def materialise_phase(self, run: RunRow, phase: int, new_steps: list[NewStep], now: datetime) -> bool:
-        """Insert a phase's steps, ignoring those already there, and mark the phase begun.
+    async def advance_runs(self, moves: list[RunMove], now: datetime) -> None:
+        """Apply the engine's moves in one transaction.
 
-        The insert ignores rows that exist, so materialising again after a crash (or by
-        a second worker at the same moment) repairs instead of duplicating. Answers
-        whether this call moved the run on.
+        Steps are inserted ignoring rows that exist, so materialising again after a crash
+        (or by a second worker at the same moment) repairs instead of duplicating.
         """
         rows = [
             {
-                "run_id": run.id,
+                "run_id": m.run.id,
                 "phase": s.phase,
                 "seq": s.seq,
                 "name": s.name,
@@ -381,60 +399,74 @@ class Store:
                 "not_before": now,
                 "created_at": now,
             }
-            for s in new_steps
+            for m in moves
+            for s in m.steps
+        ]
+        updates = [
+            {
+                "b_id": m.run.id,
+                "b_old_phase": m.run.phase,
+                "b_old_materialised": m.run.materialised_phase,
+                "b_phase": m.run.phase if m.phase is None else m.phase,
+                "b_materialised": m.run.materialised_phase if m.materialised_phase is None else m.materialised_phase,
+                "b_due": m.phase_due_at or m.run.phase_due_at,
+                "b_ends": m.ends_at or m.run.ends_at,
+                "b_status": (
+                    m.finish.value
+                    if m.finish
+                    else RunStatus.RUNNING.value
+                    if m.steps or m.run.status == RunStatus.RUNNING.value
+                    else m.run.status
+                ),
+                "b_started": m.run.started_at or (now if m.steps else None),
+                "b_ended": now if m.finish else None,
+            }
+            for m in moves
+            if m.fail is None
         ]
 
-        async def work(conn: AsyncConnection) -> bool:
+        async def work(conn: AsyncConnection) -> None:
             for chunk in _chunks(rows, 40):
                 await conn.execute(dialects.insert_ignore(self.dialect, steps), list(chunk))
-            changed = await conn.execute(
-                update(runs)
-                .where(runs.c.id == run.id, runs.c.materialised_phase == phase - 1, runs.c.phase == phase)
-                .values(
-                    materialised_phase=phase,
-                    status=RunStatus.RUNNING.value,
-                    started_at=func.coalesce(runs.c.started_at, now),
+            if updates:
+                await conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.id == bindparam("b_id"),
+                        runs.c.phase == bindparam("b_old_phase"),
+                        runs.c.materialised_phase == bindparam("b_old_materialised"),
+                        # (an IN list cannot be used with executemany)
+                        or_(runs.c.status == RunStatus.PENDING.value, runs.c.status == RunStatus.RUNNING.value),
+                    )
+                    .values(
+                        phase=bindparam("b_phase"),
+                        materialised_phase=bindparam("b_materialised"),
+                        phase_due_at=bindparam("b_due"),
+                        ends_at=bindparam("b_ends"),
+                        status=bindparam("b_status"),
+                        started_at=bindparam("b_started"),
+                        ended_at=bindparam("b_ended"),
+                    ),
+                    updates,
                 )
-            )
-            return bool(changed.rowcount)
+            skip = [m.run.id for m in moves if m.skip_ready]
+            if skip:
+                await self._skip_ready_steps(conn, skip, now, "run stopped")
+            failing = {m.run.id: m.fail for m in moves if m.fail}
+            if failing:
+                await self._fail_runs(conn, failing, now)
 
-        result: bool = await self._write("materialise_phase", work)
-        return result
+        await self._write("materialise_phase" if rows else "advance_runs", work)
 
-    async def begin_next_phase(self, run: RunRow, due: datetime) -> bool:
-        async def work(conn: AsyncConnection) -> bool:
-            changed = await conn.execute(
-                update(runs)
-                .where(runs.c.id == run.id, runs.c.phase == run.phase, runs.c.materialised_phase == run.phase)
-                .values(phase=run.phase + 1, phase_due_at=due)
-            )
-            return bool(changed.rowcount)
+    async def runs_by_ids(self, run_ids: list[int]) -> list[RunRow]:
+        async def work(conn: AsyncConnection) -> list[RunRow]:
+            found = {r.id: from_row(RunRow, r) for r in await conn.execute(select(runs).where(runs.c.id.in_(run_ids)))}
+            missing = [i for i in run_ids if i not in found]
+            if missing:
+                raise NotFound(f"no run {missing[0]}")
+            return [found[i] for i in run_ids]
 
-        result: bool = await self._write("begin_next_phase", work)
-        return result
-
-    async def hold_until(self, run: RunRow, ends_at: datetime) -> None:
-        """The last phase is over: the run holds until its duration is spent."""
-
-        async def work(conn: AsyncConnection) -> None:
-            await conn.execute(
-                update(runs).where(runs.c.id == run.id, runs.c.ends_at.is_(None)).values(ends_at=ends_at)
-            )
-
-        await self._write("hold_until", work)
-
-    async def finish_run(self, run: RunRow, status: RunStatus, now: datetime) -> bool:
-        """Move a run to a terminal state, once."""
-
-        async def work(conn: AsyncConnection) -> bool:
-            changed = await conn.execute(
-                update(runs)
-                .where(runs.c.id == run.id, runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]))
-                .values(status=status.value, ended_at=now)
-            )
-            return bool(changed.rowcount)
-
-        result: bool = await self._write("finish_run", work)
+        result: list[RunRow] = await self._read(work)
         return result
 
     async def fail_run(self, run_id: int, error: str, now: datetime) -> None:
@@ -869,12 +901,6 @@ class Store:
                 )
 
         await self._write("extend_step_claims", work)
-
-    async def skip_ready_steps(self, run_id: int, now: datetime, why: str) -> None:
-        async def work(conn: AsyncConnection) -> None:
-            await self._skip_ready_steps(conn, [run_id], now, why)
-
-        await self._write("skip_ready_steps", work)
 
     async def get_step_by_key(self, idempotency_key: str) -> StepRow:
         async def work(conn: AsyncConnection) -> StepRow:
