@@ -65,10 +65,10 @@ def _run(database_url: str | None, config: str | None, work: Callable[[Context],
         return asyncio.run(go())
     except DefinitionError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error[/] {problem}", highlight=False)
+            err.print(f"[red]error[/] {problem}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except RoadieError as exc:
-        err.print(f"[red]error[/] {exc.message}", highlight=False)
+        err.print(f"[red]error[/] {exc.message}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 
 

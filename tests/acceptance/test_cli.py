@@ -1,0 +1,173 @@
+"""The command line, as an operator uses it: each command run in a fresh directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from roadie.cli.main import app
+
+runner = CliRunner()
+
+QUICK_EVENT = """\
+id: quick-raid
+title: A quick raid
+params:
+  region: {type: str, default: yew}
+  count: {type: int, default: 2, min: 1}
+cleanup: auto
+phases:
+  - name: omen
+    steps:
+      - action: core.lease
+        with: {lease: sandbox.weather, target: "{{ region }}", value: fog}
+      - action: sandbox.broadcast
+        with: {message: "Raiders near {{ region }}"}
+  - name: raid
+    steps:
+      - action: sandbox.spawn
+        name: raiders
+        with: {kind: raider, region: "{{ region }}", count: "{{ count }}"}
+"""
+
+MANUAL_EVENT = QUICK_EVENT.replace("id: quick-raid", "id: manual-raid").replace("cleanup: auto", "cleanup: manual")
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ROADIE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("ROADIE_CONFIG", raising=False)
+    (tmp_path / "quick.yaml").write_text(QUICK_EVENT)
+    (tmp_path / "manual.yaml").write_text(MANUAL_EVENT)
+    return tmp_path
+
+
+def roadie(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_validate_accepts_a_good_file_and_names_field_and_line_of_a_bad_one(workdir: Path) -> None:
+    """`event validate` says ok for a good file; for a misspelled action it exits 1 with
+    `file:line: field: message (did you mean ...)`."""
+    code, out = roadie("event", "validate", "quick.yaml")
+    assert code == 0, out
+    assert "ok" in out
+    (workdir / "bad.yaml").write_text(QUICK_EVENT.replace("sandbox.spawn", "sandbox.spwan"))
+    code, out = roadie("event", "validate", "bad.yaml")
+    assert code == 1
+    assert "bad.yaml:16: phases[1].steps[0].action: unknown action 'sandbox.spwan' (did you mean 'sandbox.spawn'?)" in out
+
+
+def test_bad_step_parameters_are_refused_at_validation(workdir: Path) -> None:
+    """A `with:` that does not fit the action's schema is refused before anything runs."""
+    (workdir / "bad.yaml").write_text(QUICK_EVENT.replace("count: \"{{ count }}\"", "count: lots"))
+    code, out = roadie("event", "validate", "bad.yaml")
+    assert code == 1
+    assert "phases[1].steps[0].with.count" in out
+
+
+def test_a_run_with_wait_ends_cleaned_up_and_the_world_is_as_before(workdir: Path) -> None:
+    """`run start FILE --wait` applies the event, works the run to its end and its
+    automatic cleanup; `sandbox show --json` is the same before and after."""
+    code, before = roadie("sandbox", "show", "--json")
+    assert code == 0, before
+    code, out = roadie("run", "start", "quick.yaml", "--param", "count=3", "--wait", "--json")
+    assert code == 0, out
+    run = json.loads(out)
+    assert (run["status"], run["cleanup_status"]) == ("succeeded", "complete")
+    assert run["params"] == {"region": "yew", "count": 3}
+    code, after = roadie("sandbox", "show", "--json")
+    assert json.loads(after) == json.loads(before)
+
+    code, out = roadie("run", "show", str(run["id"]), "--json")
+    shown = json.loads(out)
+    assert [s["status"] for s in shown["steps"]] == ["succeeded"] * 3
+    creatures = [r for r in shown["resources"] if r["kind"] == "creature"]
+    assert len(creatures) == 3
+    assert {r["state"] for r in creatures} == {"reverted"}
+    code, out = roadie("run", "list", "--json")
+    assert [r["id"] for r in json.loads(out)] == [run["id"]]
+
+
+def test_manual_cleanup_plan_then_cleanup(workdir: Path) -> None:
+    """With `cleanup: manual` the run ends dirty; `cleanup --plan` lists the calls and
+    changes nothing; `cleanup` reverts them and reports complete."""
+    code, out = roadie("run", "start", "manual.yaml", "--wait", "--json")
+    assert code == 0, out
+    run = json.loads(out)
+    assert run["cleanup_status"] == "pending"
+    code, world = roadie("sandbox", "show", "--json")
+    assert len(json.loads(world)["creatures"]) == 2
+
+    code, out = roadie("cleanup", str(run["id"]), "--plan", "--json")
+    assert code == 0, out
+    plan = json.loads(out)
+    assert [c["kind"] for c in plan] == ["revert", "restore"]
+    assert len(plan[0]["resources"]) == 2
+    code, world_after_plan = roadie("sandbox", "show", "--json")
+    assert world_after_plan == world
+
+    code, out = roadie("cleanup", str(run["id"]), "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert (report["status"], report["reverted"], report["restored"]) == ("complete", 2, 1)
+    code, world = roadie("sandbox", "show", "--json")
+    assert json.loads(world)["creatures"] == {}
+    assert json.loads(world)["regions"]["yew"] == "clear"
+
+
+def test_a_bad_param_is_refused_before_a_run_exists(workdir: Path) -> None:
+    """`--param count=0` below the declared minimum exits 1 naming the param; no run is made."""
+    code, out = roadie("run", "start", "quick.yaml", "--param", "count=0")
+    assert code == 1
+    assert "count" in out and "at least 1" in out
+    code, out = roadie("run", "list", "--json")
+    assert json.loads(out) == []
+
+
+def test_unknown_run_is_a_clear_error(workdir: Path) -> None:
+    """Asking for a run that does not exist exits 1 with a message, not a traceback."""
+    code, out = roadie("run", "show", "42")
+    assert code == 1
+    assert "no run 42" in out
+
+
+def test_forget_is_audited_and_needs_a_reason(workdir: Path) -> None:
+    """`forget RESOURCE --reason` marks a live row abandoned and writes the audit log."""
+    code, out = roadie("run", "start", "manual.yaml", "--wait", "--json")
+    run = json.loads(out)
+    code, out = roadie("run", "show", str(run["id"]), "--json")
+    creature = next(r for r in json.loads(out)["resources"] if r["kind"] == "creature")
+    code, out = roadie("forget", str(creature["id"]), "--reason", "the shard was wiped", "--actor", "alice")
+    assert code == 0, out
+    code, out = roadie("audit", "--run", str(run["id"]), "--json")
+    entries = json.loads(out)
+    assert any(e["action"] == "resource.forget" and e["actor"] == "alice" for e in entries)
+    code, out = roadie("cleanup", str(run["id"]), "--json")
+    report = json.loads(out)
+    assert report["status"] == "complete"
+    assert [f["resource"] for f in report["forgotten"]] == [creature["id"]]
+
+
+def test_configuration_file_chooses_database_and_world(workdir: Path) -> None:
+    """`roadie.toml` sets the database URL and the sandbox's world file."""
+    (workdir / "roadie.toml").write_text('database_url = "sqlite:///other.db"\n[modules.sandbox]\ndb = "w.db"\n')
+    code, out = roadie("init")
+    assert code == 0, out
+    assert "other.db" in out
+    assert (workdir / "other.db").exists()
+    code, out = roadie("sandbox", "show", "--json")
+    assert (workdir / "w.db").exists()
+
+
+def test_help_lists_the_commands(workdir: Path) -> None:
+    """`--help` names every top-level command the README documents."""
+    code, out = roadie("--help")
+    assert code == 0
+    for command in ("init", "event", "run", "cleanup", "forget", "leases", "audit", "worker", "sandbox", "demo"):
+        assert command in out
