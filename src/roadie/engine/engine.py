@@ -32,11 +32,13 @@ from roadie.engine.cleanup import Cleanup, CleanupReport
 from roadie.engine.ledger import read_answer
 from roadie.errors import (
     DefinitionError,
+    InvalidState,
     PermanentError,
     Problem,
     RoadieError,
     StepError,
     StepTimeout,
+    StoreError,
     UnknownAction,
     UnknownLease,
 )
@@ -394,7 +396,10 @@ class Engine:
         await self._drain()
         await leases.sweep_expired(self.store, self.registry, self.clock)
         for run_id in await self.store.runs_due_cleanup(self.clock.now()):
-            await self.clean_up(run_id, actor="system")
+            try:
+                await self.clean_up(run_id, actor="system")
+            except InvalidState as exc:  # another worker took it first: theirs to finish
+                log.info("cleanup skipped", run_id=run_id, reason=exc.message)
         return await self._next_due()
 
     async def clean_up(
@@ -419,7 +424,13 @@ class Engine:
         """The worker: tick, then sleep until the next thing is due (or a poll interval)."""
         log.info("worker started", worker=self.worker_id)
         while not self._stopping.is_set():
-            due = await self.tick()
+            try:
+                due = await self.tick()
+            except StoreError as exc:
+                # The database went away for a moment (locked, restarting): nothing is
+                # lost, because nothing is kept outside it. Look again shortly.
+                log.warning("tick failed; retrying", error=exc.message)
+                due = None
             wait = self.options.poll_interval
             if due is not None:
                 wait = max(0.0, min(wait, (due - self.clock.now()).total_seconds()))
