@@ -9,6 +9,7 @@ a hundred thousand resources is cleaned up in bounded memory.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,7 +66,9 @@ class Cleanup:
         self.worker = worker
         self.claim_ttl = claim_ttl
 
-    async def _pages(self, run_id: int, member_key: str | None) -> Any:
+    async def _pages(
+        self, run_id: int, member_key: str | None
+    ) -> AsyncIterator[tuple[dict[int, StepRow], list[tuple[int | None, list[ResourceRow]]]]]:
         """Yield (steps by id, [(step id, rows newest first)]) a page of steps at a time."""
         before: int | None = None
         while True:

@@ -56,8 +56,7 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     if isinstance(row.payload, dict) and "saved" in row.payload:
         saved = row.payload["saved"]
     else:
-        saved = await maybe_await(lease.read_fn(call))
-        await store.save_lease_value(reserved_id, saved, clock.now())
+        saved = await store.save_lease_value(reserved_id, await maybe_await(lease.read_fn(call)), clock.now())
     assert lease.write_fn is not None
     await maybe_await(lease.write_fn(call, step.params["value"]))
     now = clock.now()

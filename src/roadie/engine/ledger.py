@@ -7,6 +7,7 @@ its reason, and the step still counts as done, because it is done (DESIGN §4 ru
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -65,7 +66,21 @@ def normalise(entry: Any, action_id: str, registry: Registry) -> NewResource | s
         # Core restores an override through the lease registry; a ref naming no lease is
         # a promise to undo something core has no way to undo.
         return f"{action_id} reported a lease {ref!r} no module registers"
-    return NewResource(kind=kind, ref=ref, payload=entry.get("payload"), until=until, member_key=member_key)
+    payload = entry.get("payload")
+    if not storable(payload):
+        return f"{action_id} reported a resource whose payload is not JSON: {payload!r:.80}"
+    return NewResource(kind=kind, ref=ref, payload=payload, until=until, member_key=member_key)
+
+
+def storable(value: Any) -> bool:
+    """Whether every database can keep `value` in a JSON column. Checked here, because a
+    value the database refuses would fail the whole batch being recorded: a ledger that
+    throws (DESIGN §4 rule 5)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _parse_until(value: Any) -> datetime | None:
@@ -85,22 +100,26 @@ def read_answer(raw: Any, action_id: str, *, ledgered: bool, registry: Registry)
     with `resources` and `output` (what a remote module sends)."""
     if raw is None:
         return ReadAnswer()
+    entries: Any
     if isinstance(raw, Answer):
-        entries, output = raw.resources, raw.output
+        entries, output = raw.resources or [], raw.output
     elif isinstance(raw, list):
         entries, output = raw, None
     elif isinstance(raw, dict) and set(raw) <= {"resources", "output"}:
         entries, output = raw.get("resources") or [], raw.get("output")
-        if not isinstance(entries, list):
-            return ReadAnswer(
-                rejections=[f"{action_id} answered 'resources' that is not a list: {entries!r:.80}"],
-                readable=False,
-            )
     else:
         return ReadAnswer(
             rejections=[f"{action_id} answered something that is not an answer: {raw!r:.80}"], readable=False
         )
+    if not isinstance(entries, list):
+        return ReadAnswer(
+            rejections=[f"{action_id} answered 'resources' that is not a list: {entries!r:.80}"],
+            readable=False,
+        )
     read = ReadAnswer(output=output)
+    if not storable(output):
+        read.output = None
+        read.rejections.append(f"{action_id} answered an output that is not JSON: {output!r:.80}")
     if entries and not ledgered:
         read.rejections.append(
             f"{action_id} is not a 'ledger' action; the {len(entries)} resource(s) it reported were dropped"

@@ -539,7 +539,7 @@ class Store:
         return result
 
     async def _reserve(self, conn: AsyncConnection, claimed: list[Claimed], now: datetime) -> None:
-        wanted: dict[tuple[str, str, str], Claimed] = {}
+        wanted: dict[tuple[str, str, str], list[Claimed]] = {}
         inserts = []
         for c in claimed:
             s = c.step
@@ -551,7 +551,7 @@ class Store:
                 payload = None
             else:
                 continue
-            wanted[target] = c
+            wanted.setdefault(target, []).append(c)
             inserts.append(
                 {
                     "run_id": s.run_id,
@@ -568,7 +568,8 @@ class Store:
             )
         if not inserts:
             return
-        # Two steps of one batch may borrow the same target; the second waits its turn.
+        # Two steps of one batch may borrow the same target: one row is inserted, and each
+        # claimant is then judged against whoever holds it.
         seen: set[tuple[str, str, str]] = set()
         unique_inserts = []
         for row in inserts:
@@ -581,7 +582,7 @@ class Store:
         holders = await self._live_holders(conn, list(wanted))
         refused: dict[int, str] = {}
         dirty: set[int] = set()
-        for target, c in wanted.items():
+        for target, c in ((t, c) for t, cs in wanted.items() for c in cs):
             holder = holders.get(target)
             if holder is None:  # pragma: no cover - the insert above guarantees a live row
                 continue
@@ -648,17 +649,31 @@ class Store:
                 .values(cleanup_status=CleanupStatus.PENDING.value)
             )
 
-    async def save_lease_value(self, resource_id: int, saved: Any, now: datetime) -> None:
-        """Keep the value a lease is about to overwrite, before it is overwritten."""
+    async def save_lease_value(self, resource_id: int, saved: Any, now: datetime) -> Any:
+        """Keep the value a lease is about to overwrite, before it is overwritten, and answer
+        the value the row keeps.
 
-        async def work(conn: AsyncConnection) -> None:
+        The first value saved wins: two borrows of one target by one run share the row, and
+        the later one may have read the earlier one's borrowed value, which is not the
+        value to give back.
+        """
+
+        async def work(conn: AsyncConnection) -> Any:
+            row = (
+                await conn.execute(
+                    select(run_resources.c.payload).where(run_resources.c.id == resource_id).with_for_update()
+                )
+            ).first()
+            if row is not None and isinstance(row.payload, dict) and "saved" in row.payload:
+                return row.payload["saved"]
             await conn.execute(
                 update(run_resources)
                 .where(run_resources.c.id == resource_id)
                 .values(payload={"saved": saved}, updated_at=now)
             )
+            return saved
 
-        await self._write("save_lease_value", work)
+        return await self._write("save_lease_value", work)
 
     async def get_resource(self, resource_id: int) -> ResourceRow:
         async def work(conn: AsyncConnection) -> ResourceRow:

@@ -1,0 +1,325 @@
+"""Shared fixtures: a whole Roadie (clock, registry, store, engine) in a temp dir.
+
+A test gets a `Harness` from the `harness` fixture (the sandbox world plus the `probe`
+test module) or builds one with `make_harness(*extra_modules)`. The store is async, so
+it is opened inside the test's own event loop: write the test body as a coroutine and
+hand it to `Harness.run`, which opens the store and engine, awaits the body, and closes
+them again.
+
+```python
+def test_something(harness: Harness) -> None:
+    async def body() -> None:
+        run = await harness.start(EVENT_YAML)
+        [run] = await harness.settle(run)
+        assert run.status == "succeeded"
+
+    harness.run(body)
+```
+
+The `probe` module is a ledger action whose behaviour is chosen by the step's `with:`
+(what to answer, when to fail, whether to hang) and which records every call and revert,
+so a test can see exactly what the engine asked of a module. Its `observe` hook is
+called from inside each dispatch, for tests that look at the store mid-call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import structlog
+from pydantic import BaseModel, ConfigDict
+
+from roadie.clock import FakeClock
+from roadie.definitions import load_definition
+from roadie.engine import Engine, EngineOptions
+from roadie.errors import AnswerLost, PermanentError, RetryableError
+from roadie.modules.sandbox import SandboxWorld
+from roadie.registry import Call, LeaseCall, Module, ModuleConfig, Registry, RevertCall, build_registry
+from roadie.states import Reversible
+from roadie.store import Store
+from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow
+
+# -- fault injection at the store's named write points ------------------------------------
+
+
+class Crash(Exception):
+    """A worker died just before a write transaction committed (raised by `WritePoints`)."""
+
+
+class WritePoints:
+    """The store's `write_point` hook: `arm(name)` makes the next commit of `name` crash."""
+
+    def __init__(self) -> None:
+        self.armed: dict[str, list[int]] = {}  # name -> [commits to let through, crashes left]
+        self.hits: list[str] = []
+
+    def arm(self, name: str, times: int = 1, *, skip: int = 0) -> None:
+        self.armed[name] = [skip, times]
+
+    def __call__(self, name: str) -> None:
+        self.hits.append(name)
+        plan = self.armed.get(name)
+        if plan is None or plan[1] == 0:
+            return
+        if plan[0] > 0:
+            plan[0] -= 1
+            return
+        plan[1] -= 1
+        raise Crash(f"crashed before committing {name}")
+
+
+# -- the probe test module ----------------------------------------------------------------
+
+
+class MakeParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    answer: Any = None  # returned as is: a list of resources, an Answer-like dict, junk...
+    fail_first: int = 0  # raise RetryableError on the first N attempts
+    error: Literal["permanent", "lost", "retryable"] | None = None  # raise this on every attempt
+    hang: bool = False  # never answer
+    hold: float = 0.0  # wait this long on the clock before answering
+
+
+@dataclass
+class Dispatched:
+    key: str
+    attempt: int
+    at: Any
+    run_id: int
+    outcome: str = "in flight"  # "answered" | "raised" | "cancelled"
+
+
+@dataclass
+class ProbeState:
+    """What the probe module saw. Tests read it, and may set the knobs."""
+
+    calls: list[Dispatched] = field(default_factory=list)
+    reverts: list[RevertCall] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    fail_reverts: int = 0  # the next N reverts raise RetryableError
+    broken_reverts: bool = False  # every revert raises (the module is gone for good)
+    observe: Callable[[Call[Any]], Awaitable[None]] | None = None  # awaited inside each dispatch
+    answer: Any = None  # when set, answered instead of the step's `answer` (for what YAML cannot say)
+    dial: float = 1.0  # the value behind the untargeted lease `probe.dial`
+    observe_dial_read: Callable[[LeaseCall], Awaitable[None]] | None = None  # awaited inside each read
+    observe_dial: Callable[[LeaseCall, Any], Awaitable[None]] | None = None  # awaited after each write
+
+    def calls_of(self, key: str) -> list[Dispatched]:
+        return [c for c in self.calls if c.key == key]
+
+
+def probe_module() -> Module:
+    """A fresh `probe` module: action `probe.make` (ledger) and lease `probe.dial`."""
+    probe = Module("probe", "a test module that does what its step says and remembers it")
+
+    @probe.setup
+    def setup(config: ModuleConfig) -> ProbeState:
+        return ProbeState()
+
+    @probe.action("make", reversible=Reversible.LEDGER, params=MakeParams)
+    async def make(call: Call[MakeParams]) -> Any:
+        state: ProbeState = call.state
+        p = call.params
+        record = Dispatched(call.idempotency_key, call.attempt, call.clock.now(), call.run_id)
+        state.calls.append(record)
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            if state.observe is not None:
+                await state.observe(call)
+            if p.hold:
+                await call.clock.sleep(p.hold)
+            if p.hang:
+                await asyncio.Event().wait()
+            if call.attempt <= p.fail_first or p.error == "retryable":
+                raise RetryableError(f"probe: attempt {call.attempt} fails")
+            if p.error == "permanent":
+                raise PermanentError("probe: this can never work")
+            if p.error == "lost":
+                raise AnswerLost("probe: the answer went missing")
+        except asyncio.CancelledError:
+            record.outcome = "cancelled"
+            raise
+        except Exception:
+            record.outcome = "raised"
+            raise
+        finally:
+            state.in_flight -= 1
+        record.outcome = "answered"
+        return p.answer if state.answer is None else state.answer
+
+    @make.revert
+    async def unmake(call: RevertCall) -> None:
+        state: ProbeState = call.state
+        state.reverts.append(call)
+        if state.broken_reverts:
+            raise RuntimeError("probe: this module is gone")
+        if state.fail_reverts > 0:
+            state.fail_reverts -= 1
+            raise RetryableError("probe: revert failed")
+
+    @probe.lease("dial")
+    async def read_dial(call: LeaseCall) -> float:
+        state: ProbeState = call.state
+        if state.observe_dial_read is not None:
+            await state.observe_dial_read(call)
+        return state.dial
+
+    @read_dial.write
+    async def write_dial(call: LeaseCall, value: Any) -> None:
+        state: ProbeState = call.state
+        state.dial = float(value)
+        if state.observe_dial is not None:
+            await state.observe_dial(call, value)
+
+    return probe
+
+
+# -- the harness ----------------------------------------------------------------------------
+
+
+class Harness:
+    """A clock, a registry (sandbox + extra modules), a store on a temp file and an engine."""
+
+    def __init__(self, tmp_path: Path, extra: tuple[Module, ...] = ()) -> None:
+        self.tmp_path = tmp_path
+        self.db_path = tmp_path / "roadie.db"
+        self.clock = FakeClock()
+        self.registry: Registry = build_registry({"sandbox": {"db": str(tmp_path / "world.db")}}, clock=self.clock)
+        for module in extra:
+            self.registry.register(module)
+        self.world: SandboxWorld = self.registry.state("sandbox")
+        self.write_points = WritePoints()
+        self.options = EngineOptions(seed=1)
+        self._store: Store | None = None
+        self._engine: Engine | None = None
+
+    @property
+    def probe(self) -> ProbeState:
+        state: ProbeState = self.registry.state("probe")
+        return state
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "the store is open only inside Harness.run"
+        return self._store
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "the engine exists only inside Harness.run"
+        return self._engine
+
+    # -- lifecycle
+
+    def run(self, body: Callable[[], Awaitable[None]]) -> None:
+        """Open the store and engine in a fresh event loop, await `body()`, close them."""
+
+        async def main() -> None:
+            await self.restart()
+            try:
+                await body()
+            finally:
+                await self.store.close()
+
+        asyncio.run(main())
+
+    async def restart(self) -> None:
+        """A fresh store and engine (a new worker) on the same files: what a restart after a
+        crash sees. The write-point hook carries over, with whatever it has left armed."""
+        if self._store is not None:
+            await self._store.close()
+        self._store = await Store.open(f"sqlite:///{self.db_path}")
+        self._store.write_point = self.write_points
+        self._engine = Engine(self._store, self.registry, clock=self.clock, options=self.options)
+
+    # -- events and runs
+
+    async def apply(self, text: str) -> EventRow:
+        """Validate an event from YAML and store it, as `roadie apply` does."""
+        definition = load_definition(text, "test.yaml", self.registry)
+        return await self.store.create_event_version(
+            definition.id,
+            definition.title,
+            definition.model_dump(mode="json", by_alias=True),
+            text,
+            "test",
+            self.clock.now(),
+        )
+
+    async def start(self, text: str, params: dict[str, Any] | None = None) -> RunRow:
+        """Apply the event in `text` and start a run of it."""
+        return await self.engine.start_run(await self.apply(text), params)
+
+    async def settle(self, *runs: RunRow | int, max_ticks: int = 1000) -> list[RunRow]:
+        """`Engine.settle`: work (jumping the clock) until the runs have ended and cleaned up.
+        Few ticks are allowed, so a run that can never settle fails the test quickly."""
+        return await self.engine.settle([r if isinstance(r, int) else r.id for r in runs], max_ticks=max_ticks)
+
+    async def drive(self, work: Awaitable[Any], *, quiet: float = 0.01, limit: int = 2000) -> Any:
+        """Await `work` while time passes: whenever the loop has been quiet for `quiet` real
+        seconds, move the FakeClock to its next sleeper. For steps that sleep or hang."""
+        task = asyncio.ensure_future(work)
+        for _ in range(limit):
+            done, _ = await asyncio.wait({task}, timeout=quiet)
+            if done:
+                return task.result()
+            deadline = self.clock.next_deadline()
+            if deadline is not None:
+                self.clock.set(deadline)
+        task.cancel()
+        raise AssertionError("the work did not finish while driving the clock")
+
+    # -- reading
+
+    async def get_run(self, run: RunRow | int) -> RunRow:
+        return await self.store.get_run(run if isinstance(run, int) else run.id)
+
+    async def steps(self, run: RunRow | int) -> list[StepRow]:
+        return await self.store.list_steps(run if isinstance(run, int) else run.id)
+
+    async def step(self, run: RunRow | int, name: str) -> StepRow:
+        [found] = [s for s in await self.steps(run) if s.name == name]
+        return found
+
+    async def resources(self, run: RunRow | int, kind: str | None = None) -> list[ResourceRow]:
+        rows = await self.store.list_resources(run if isinstance(run, int) else run.id)
+        return [r for r in rows if kind is None or r.kind == kind]
+
+
+@pytest.fixture(autouse=True)
+def _default_logging() -> Iterator[None]:
+    """structlog's configuration is global to the process, and the CLI binds it to the
+    stderr of the moment, which a test runner closes after that test: every test starts,
+    and leaves, with structlog's defaults."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def make_harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    """Build a `Harness` with the given extra modules registered next to the sandbox."""
+    made: list[Harness] = []
+
+    def make(*extra: Module) -> Harness:
+        home = tmp_path / f"harness{len(made)}"
+        home.mkdir()
+        made.append(Harness(home, extra))
+        return made[-1]
+
+    yield make
+    for h in made:
+        asyncio.run(h.registry.close())
+
+
+@pytest.fixture
+def harness(make_harness: Callable[..., Harness]) -> Harness:
+    """A `Harness` with the sandbox world and a fresh `probe` module."""
+    return make_harness(probe_module())

@@ -1,0 +1,324 @@
+"""Cleanup, the read-and-undo half of the ledger (DESIGN §5)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from tests.conftest import Harness
+
+from roadie.errors import InvalidState
+
+
+def things(*refs: str, member: str | None = None) -> list[dict[str, Any]]:
+    extra = {"memberKey": member} if member else {}
+    return [{"kind": "thing", "ref": ref, **extra} for ref in refs]
+
+
+def phases(*answers: list[dict[str, Any]], cleanup: str = "auto", duration: str = "0s", event_id: str = "c") -> str:
+    """An event with one phase per answer, each one `probe.make` step named `make<i>`."""
+    body = "".join(
+        f"""
+  - name: phase{i}
+    steps:
+      - action: probe.make
+        name: make{i}
+        with: {{answer: {json.dumps(answer)}}}"""
+        for i, answer in enumerate(answers)
+    )
+    return f"id: {event_id}\ncleanup: {cleanup}\nduration: {duration}\nphases:{body}\n"
+
+
+SPAWN_TWO = """
+id: spawn
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: sandbox.spawn
+        name: orcs
+        with: {kind: orc, region: britain, count: 2}
+"""
+
+
+def test_cleanup_undoes_newest_first(harness: Harness) -> None:
+    """Steps are reverted in reverse order of creation, and so are a step's resources."""
+
+    async def body() -> None:
+        run = await harness.start(phases(things("a1", "a2"), things("b1"), things("c1", "c2", "c3")))
+        await harness.settle(run)
+        order = [[r.ref for r in call.resources] for call in harness.probe.reverts]
+        assert order == [["c3", "c2", "c1"], ["b1"], ["a2", "a1"]]
+
+    harness.run(body)
+
+
+def test_one_batched_revert_per_step(harness: Harness) -> None:
+    """A step that made five resources is reverted by one call carrying all five, under
+    the step's idempotency key."""
+
+    async def body() -> None:
+        run = await harness.start(phases(things("t1", "t2", "t3", "t4", "t5")))
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "make0")
+        [call] = harness.probe.reverts
+        assert (call.run_id, call.idempotency_key) == (run.id, step.idempotency_key)
+        assert sorted(r.ref for r in call.resources) == ["t1", "t2", "t3", "t4", "t5"]
+        assert [r.state for r in await harness.resources(run, "thing")] == ["reverted"] * 5
+
+    harness.run(body)
+
+
+def test_a_borrowed_value_is_restored_by_core_from_the_saved_value(harness: Harness) -> None:
+    """Core restores an override itself, writing back the value saved in the row before
+    the borrow, not whatever the setting holds at cleanup time."""
+    harness.world.set_setting("xp_rate", 1.5)
+    event = """
+id: xp
+duration: 1m
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        with: {lease: sandbox.xp_rate, value: 3.0}
+"""
+
+    async def body() -> None:
+        run = await harness.start(event)
+        await harness.engine.tick()
+        assert harness.world.read_setting("xp_rate") == 3.0
+        harness.world.set_setting("xp_rate", 7.0)  # someone else changed it meanwhile
+        [run] = await harness.settle(run)
+        assert (run.cleanup_status, harness.world.read_setting("xp_rate")) == ("complete", 1.5)
+        [row] = await harness.resources(run)
+        assert (row.owner, row.state, row.payload) == ("core", "reverted", {"saved": 1.5})
+        assert run.cleanup_report is not None
+        assert run.cleanup_report["restored"] == 1
+
+    harness.run(body)
+
+
+def test_reverting_what_is_already_gone_is_a_success(harness: Harness) -> None:
+    """A creature killed by a player before cleanup counts as reverted, not failed."""
+    before = harness.world.snapshot()
+
+    async def body() -> None:
+        run = await harness.start(SPAWN_TWO)
+        await harness.settle(run)
+        first, _ = await harness.resources(run, "creature")
+        assert harness.world.destroy(first.ref)
+        report = await harness.engine.clean_up(run.id, actor="ops")
+        assert (report.status, report.reverted, report.failed, report.errors) == ("complete", 2, 0, [])
+        assert harness.world.snapshot() == before
+
+    harness.run(body)
+
+
+def test_reverted_rows_are_kept_and_free_their_target(harness: Harness) -> None:
+    """A reverted row stays in the ledger as `reverted`, and its target can be recorded
+    again by another run without a rejection."""
+    event = phases(things("shared"))
+
+    async def body() -> None:
+        first = await harness.start(event)
+        await harness.settle(first)
+        [old] = await harness.resources(first, "thing")
+        assert old.state == "reverted"
+        assert old.reverted_at is not None
+        second = await harness.start(event)
+        [second] = await harness.settle(second)
+        assert (await harness.step(second, "make0")).rejections is None
+        [new] = await harness.resources(second, "thing")
+        assert (new.ref, new.state) == ("shared", "reverted")
+        assert [r.id for r in await harness.resources(first, "thing")] == [old.id]
+
+    harness.run(body)
+
+
+def test_a_failed_revert_leaves_the_run_incomplete_until_a_human_retries(harness: Harness) -> None:
+    """A revert that fails keeps its rows live with the error and attempt count, the run
+    ends `incomplete`, and `clean_up(again=True)` finishes the job."""
+    before = harness.world.snapshot()
+    harness.world.fail_reverts_next(1)
+
+    async def body() -> None:
+        run = await harness.start(SPAWN_TWO.replace("manual", "auto"))
+        [run] = await harness.settle(run)
+        assert run.cleanup_status == "incomplete"
+        assert run.cleanup_report is not None
+        assert run.cleanup_report["failed"] == 2
+        rows = await harness.resources(run, "creature")
+        assert [(r.state, r.attempts, r.error) for r in rows] == [("live", 1, "sandbox: injected revert failure")] * 2
+        assert len(harness.world.snapshot()["creatures"]) == 2
+        report = await harness.engine.clean_up(run.id, actor="ops", again=True)
+        assert (report.status, report.reverted) == ("complete", 2)
+        rows = await harness.resources(run, "creature")
+        assert [(r.state, r.attempts, r.error) for r in rows] == [("reverted", 2, None)] * 2
+        assert (await harness.get_run(run)).cleanup_status == "complete"
+        assert harness.world.snapshot() == before
+
+    harness.run(body)
+
+
+def test_a_plan_lists_the_calls_without_making_them(harness: Harness) -> None:
+    """`plan` answers every call cleanup would make, newest first: a batched revert, a
+    key-only revert for a lost answer, core's restore of a lease; nothing changes."""
+    harness.world.lose_next(5, action="place_item")
+    event = """
+id: plan
+cleanup: manual
+phases:
+  - name: omens
+    steps:
+      - action: core.lease
+        name: sky
+        with: {lease: sandbox.weather, target: britain, value: storm}
+  - name: wave
+    steps:
+      - action: sandbox.spawn
+        name: orcs
+        with: {kind: orc, region: britain, count: 2}
+  - name: loot
+    steps:
+      - action: sandbox.place_item
+        name: chest
+        with: {kind: chest, region: britain}
+        retry: {attempts: 1}
+        on_error: continue
+"""
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        world, ledger = harness.world.snapshot(), await harness.resources(run)
+        plan = await harness.engine.cleanup.plan(run.id)
+        assert [(c.kind, c.step, len(c.resources)) for c in plan] == [
+            ("revert-by-key", "chest", 0),
+            ("revert", "orcs", 2),
+            ("restore", "sky", 1),
+        ]
+        assert plan[2].resources[0]["payload"] == {"saved": "clear"}
+        assert harness.world.snapshot() == world
+        assert await harness.resources(run) == ledger
+        assert (await harness.get_run(run)).cleanup_status == "pending"
+
+    harness.run(body)
+
+
+def test_cleanup_scoped_to_a_member_reverts_only_theirs(harness: Harness) -> None:
+    """A cleanup for one memberKey reverts that member's resources, even while the run
+    goes on, and leaves the other rows and the run's cleanup status alone."""
+    answer = things("a1", "a2", member="alice") + things("b1", member="bob") + things("everyone")
+    event = phases(answer, cleanup="manual", duration="1h")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        await harness.engine.tick()
+        report = await harness.engine.clean_up(run.id, actor="ops", member_key="alice")
+        assert (report.status, report.member_key, report.reverted) == ("complete", "alice", 2)
+        [call] = harness.probe.reverts
+        assert sorted(r.ref for r in call.resources) == ["a1", "a2"]
+        assert {r.member_key for r in call.resources} == {"alice"}
+        states = {r.ref: r.state for r in await harness.resources(run, "thing")}
+        assert states == {"a1": "reverted", "a2": "reverted", "b1": "live", "everyone": "live"}
+        run = await harness.get_run(run)
+        assert (run.status, run.cleanup_status) == ("running", "pending")
+
+    harness.run(body)
+
+
+def test_a_full_cleanup_needs_the_run_to_have_ended(harness: Harness) -> None:
+    """A run in flight is stopped by cancelling it; a whole cleanup of it is refused."""
+
+    async def body() -> None:
+        run = await harness.start(phases(things("x"), duration="1h"))
+        await harness.engine.tick()
+        with pytest.raises(InvalidState, match="cancel it first"):
+            await harness.engine.clean_up(run.id, actor="ops")
+        [row] = await harness.resources(run, "thing")
+        assert row.state == "live"
+
+    harness.run(body)
+
+
+def test_forget_abandons_a_resource_audited_and_named_in_the_report(harness: Harness) -> None:
+    """An admin can forget a resource that can never be reverted: it is kept as
+    `abandoned`, the audit log has who and why, and the next cleanup completes and
+    names it in `forgotten`."""
+    harness.probe.broken_reverts = True
+
+    async def body() -> None:
+        run = await harness.start(phases(things("cursed")))
+        [run] = await harness.settle(run)
+        assert run.cleanup_status == "incomplete"
+        [row] = await harness.resources(run, "thing")
+        await harness.engine.cleanup.forget(row.id, actor="admin", reason="the probe module was retired")
+        [row] = await harness.resources(run, "thing")
+        assert row.state == "abandoned"
+        [audit] = [a for a in await harness.store.list_audit(f"run:{run.id}") if a.action == "resource.forget"]
+        assert audit.actor == "admin"
+        assert audit.detail["reason"] == "the probe module was retired"
+        assert audit.detail["resource"] == row.id
+        reverts = len(harness.probe.reverts)
+        report = await harness.engine.clean_up(run.id, actor="admin", again=True)
+        assert report.status == "complete"
+        assert len(harness.probe.reverts) == reverts  # nothing left to call
+        assert [f["resource"] for f in report.forgotten] == [row.id]
+        assert (await harness.get_run(run)).cleanup_status == "complete"
+
+    harness.run(body)
+
+
+@pytest.mark.parametrize("reason", ["", "   "])
+def test_forget_without_a_reason_is_refused(harness: Harness, reason: str) -> None:
+    """Nothing is dropped silently: forgetting needs a reason, and a refused forget
+    leaves the row live and writes no audit entry."""
+    harness.probe.broken_reverts = True
+
+    async def body() -> None:
+        run = await harness.start(phases(things("cursed")))
+        await harness.settle(run)
+        [row] = await harness.resources(run, "thing")
+        with pytest.raises(InvalidState, match="needs a reason"):
+            await harness.engine.cleanup.forget(row.id, actor="admin", reason=reason)
+        [row] = await harness.resources(run, "thing")
+        assert row.state == "live"
+        assert not [a for a in await harness.store.list_audit() if a.action == "resource.forget"]
+
+    harness.run(body)
+
+
+def test_an_expired_lease_is_restored_while_the_run_goes_on(harness: Harness) -> None:
+    """A lease with `for: 10s` is given back by the sweeper after 10s, while its run is
+    still running; cleanup later has nothing left to restore."""
+    event = """
+id: squall
+duration: 1h
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        with: {lease: sandbox.weather, target: britain, value: storm, for: 10s}
+"""
+
+    async def body() -> None:
+        run = await harness.start(event)
+        await harness.engine.tick()
+        assert harness.world.read_weather("britain") == "storm"
+        harness.clock.advance(9)
+        await harness.engine.tick()
+        assert harness.world.read_weather("britain") == "storm"
+        harness.clock.advance(1)
+        await harness.engine.tick()
+        assert harness.world.read_weather("britain") == "clear"
+        assert (await harness.get_run(run)).status == "running"
+        [row] = await harness.resources(run)
+        assert row.state == "reverted"
+        await harness.engine.cancel_run(run.id)
+        [run] = await harness.settle(run)
+        assert run.cleanup_status == "complete"
+        assert run.cleanup_report is not None
+        assert run.cleanup_report["restored"] == 0
+
+    harness.run(body)

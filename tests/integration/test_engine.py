@@ -1,0 +1,442 @@
+"""The run engine (DESIGN §2): retries, failures, timeouts, phases, duration, cancel,
+concurrency, crash recovery and when cleanup starts."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import timedelta
+
+import pytest
+from tests.conftest import Crash, Harness
+
+from roadie.engine import Engine, EngineOptions
+
+
+def probe_event(steps: str, *, duration: str = "0s", cleanup: str = "auto", event_id: str = "engine") -> str:
+    return f"""
+id: {event_id}
+duration: {duration}
+cleanup: {cleanup}
+phases:
+{steps}
+"""
+
+
+def test_a_retry_reuses_the_key_and_backs_off_exponentially(harness: Harness) -> None:
+    """A retryable failure is tried again under the same idempotency key, each wait longer
+    than the last (backoff 1s doubling, no jitter), and every attempt is counted."""
+    event = probe_event("""
+  - name: only
+    steps:
+      - action: probe.make
+        name: flaky
+        with: {fail_first: 3}
+        retry: {attempts: 5, backoff: 1s, jitter: 0}
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "flaky")
+        calls = harness.probe.calls
+        assert {c.key for c in calls} == {step.idempotency_key}
+        assert [c.attempt for c in calls] == [1, 2, 3, 4]
+        gaps = [(b.at - a.at).total_seconds() for a, b in itertools.pairwise(calls)]
+        assert gaps == [1.0, 2.0, 4.0]
+        assert (step.status, step.attempts, run.status) == ("succeeded", 4, "succeeded")
+        assert [e["result"] for e in step.attempt_log or []] == ["retry", "retry", "retry", "succeeded"]
+
+    harness.run(body)
+
+
+def test_retries_run_out_and_fail_the_step(harness: Harness) -> None:
+    """A step that keeps failing retryably fails after its attempt limit, saying so."""
+    event = probe_event("""
+  - name: only
+    steps:
+      - action: probe.make
+        name: hopeless
+        with: {error: retryable}
+        retry: {attempts: 3, backoff: 1s}
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "hopeless")
+        assert (step.status, step.attempts, len(harness.probe.calls)) == ("failed", 3, 3)
+        assert step.error is not None
+        assert "gave up after 3 attempts" in step.error
+        assert run.status == "failed"
+
+    harness.run(body)
+
+
+def test_a_permanent_failure_fails_the_step_and_the_run(harness: Harness) -> None:
+    """A permanent failure is not retried; it fails its step and the run, and no later
+    phase is materialised."""
+    event = probe_event("""
+  - name: first
+    steps:
+      - action: probe.make
+        name: broken
+        with: {error: permanent}
+        retry: {attempts: 5}
+  - name: second
+    steps:
+      - action: probe.make
+        name: never
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "broken")
+        assert (step.status, step.attempts) == ("failed", 1)
+        assert run.status == "failed"
+        assert run.error is not None
+        assert "broken" in run.error
+        assert "probe: this can never work" in run.error
+        assert [s.name for s in await harness.steps(run)] == ["broken"]
+
+    harness.run(body)
+
+
+def test_on_error_continue_lets_the_run_succeed(harness: Harness) -> None:
+    """A step with `on_error: continue` fails alone: the run goes on and succeeds."""
+    event = probe_event("""
+  - name: first
+    steps:
+      - action: probe.make
+        name: broken
+        with: {error: permanent}
+        on_error: continue
+  - name: second
+    steps:
+      - action: probe.make
+        name: after
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        assert (await harness.step(run, "broken")).status == "failed"
+        assert (await harness.step(run, "after")).status == "succeeded"
+        assert (run.status, run.error) == ("succeeded", None)
+
+    harness.run(body)
+
+
+def test_a_step_that_never_answers_times_out_is_retried_then_fails(harness: Harness) -> None:
+    """A step gets `timeout` seconds of the clock per attempt; a hung call is cancelled,
+    retried under the same key, and the step fails when attempts run out."""
+    event = probe_event("""
+  - name: only
+    steps:
+      - action: probe.make
+        name: hung
+        with: {hang: true}
+        timeout: 5s
+        retry: {attempts: 2, backoff: 1s, jitter: 0}
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        started = harness.clock.now()
+        [run] = await harness.drive(harness.settle(run))
+        step = await harness.step(run, "hung")
+        assert (step.status, step.attempts, run.status) == ("failed", 2, "failed")
+        assert step.error == "no answer within 5s (gave up after 2 attempts)"
+        calls = harness.probe.calls
+        assert [c.outcome for c in calls] == ["cancelled", "cancelled"]
+        assert {c.key for c in calls} == {step.idempotency_key}
+        # attempt 2 began after attempt 1's 5s timeout and its 1s backoff
+        assert [c.at - started for c in calls] == [timedelta(0), timedelta(seconds=6)]
+
+    harness.run(body)
+
+
+def test_a_phase_waits_for_its_after_delay(harness: Harness) -> None:
+    """`after: 10s` keeps a phase's steps out of the database until 10s after the
+    previous phase ended."""
+    event = probe_event("""
+  - name: first
+    steps:
+      - action: probe.make
+        name: early
+  - name: second
+    after: 10s
+    steps:
+      - action: probe.make
+        name: late
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        await harness.engine.tick()
+        assert [s.name for s in await harness.steps(run)] == ["early"]
+        harness.clock.advance(9.9)
+        await harness.engine.tick()
+        assert [s.name for s in await harness.steps(run)] == ["early"]
+        harness.clock.advance(0.1)
+        await harness.engine.tick()
+        late = await harness.step(run, "late")
+        assert late.status == "succeeded"
+        assert late.created_at == run.created_at + timedelta(seconds=10)
+
+    harness.run(body)
+
+
+def test_a_run_holds_until_its_duration_is_over(harness: Harness) -> None:
+    """After its last phase a run stays `running` until its duration is spent."""
+    event = probe_event("""
+  - name: only
+    steps:
+      - action: probe.make
+""", duration="1m")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        await harness.engine.tick()
+        assert (await harness.get_run(run)).status == "running"
+        harness.clock.advance(59)
+        await harness.engine.tick()
+        assert (await harness.get_run(run)).status == "running"
+        harness.clock.advance(1)
+        await harness.engine.tick()
+        run = await harness.get_run(run)
+        assert run.status == "succeeded"
+        assert run.ended_at == run.created_at + timedelta(minutes=1)
+
+    harness.run(body)
+
+
+def test_cancel_stops_dispatch_lets_in_flight_answer_then_cleans_up(harness: Harness) -> None:
+    """Cancel is not kill: steps not yet dispatched never are, the step in flight
+    answers and is recorded, then the run ends `cancelled` and is cleaned up."""
+    harness.options = EngineOptions(concurrency=1, seed=1)
+    event = probe_event("""
+  - name: first
+    steps:
+      - action: probe.make
+        name: slow
+        with: {hold: 30, answer: [{kind: thing, ref: slow}]}
+      - action: probe.make
+        name: queued
+  - name: second
+    steps:
+      - action: probe.make
+        name: later
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        tick = asyncio.ensure_future(harness.engine.tick())
+        while not harness.probe.calls:
+            await asyncio.sleep(0.005)
+        assert await harness.engine.cancel_run(run.id, actor="ops")
+        # Another worker looking now must neither end the run nor start its cleanup while
+        # a step is still out in the world.
+        other = Engine(harness.store, harness.registry, clock=harness.clock, options=harness.options)
+        await other.tick()
+        assert (await harness.get_run(run)).status == "running"
+        assert harness.probe.reverts == []
+        harness.clock.advance(30)  # the slow step answers now
+        await tick
+        [run] = await harness.settle(run)
+        assert (run.status, run.cleanup_status) == ("cancelled", "complete")
+        slow, queued = await harness.steps(run)
+        assert slow.status == "succeeded"
+        assert (queued.status, queued.error) == ("skipped", "run cancelled")
+        assert [c.key for c in harness.probe.calls] == [slow.idempotency_key]
+        [thing] = await harness.resources(run, "thing")
+        assert thing.state == "reverted"
+        [revert] = harness.probe.reverts
+        assert [r.ref for r in revert.resources] == ["slow"]
+
+    harness.run(body)
+
+
+def test_steps_of_a_phase_run_concurrently_up_to_the_limit(harness: Harness) -> None:
+    """Steps of one phase are dispatched together, but never more at once than the
+    engine's concurrency."""
+    harness.options = EngineOptions(concurrency=3, seed=1)
+    steps = "\n".join("      - action: probe.make\n        with: {hold: 1}" for _ in range(7))
+    event = probe_event(f"  - name: crowd\n    steps:\n{steps}")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.drive(harness.settle(run))
+        assert run.status == "succeeded"
+        assert len(harness.probe.calls) == 7
+        assert harness.probe.max_in_flight == 3
+
+    harness.run(body)
+
+
+def test_a_crash_while_materialising_is_repaired_by_a_fresh_engine(harness: Harness) -> None:
+    """A worker that dies before a phase's steps commit leaves the run as it was; a
+    fresh engine on the same files materialises the phase (once) and carries on."""
+    event = """
+id: crash-materialise
+phases:
+  - name: first
+    steps:
+      - action: sandbox.spawn
+        with: {kind: orc, region: britain}
+  - name: second
+    steps:
+      - action: sandbox.spawn
+        with: {kind: orc captain, region: britain}
+      - action: sandbox.place_item
+        with: {kind: chest, region: britain}
+"""
+    before = harness.world.snapshot()
+    harness.write_points.arm("materialise_phase", skip=1)  # the second phase's
+
+    async def body() -> None:
+        run = await harness.start(event)
+        with pytest.raises(Crash):
+            await harness.settle(run)
+        assert [s.phase for s in await harness.steps(run)] == [0]
+        await harness.restart()
+        [run] = await harness.settle(run)
+        assert run.status == "succeeded"
+        assert [(s.phase, s.seq, s.status) for s in await harness.steps(run)] == [
+            (0, 0, "succeeded"),
+            (1, 0, "succeeded"),
+            (1, 1, "succeeded"),
+        ]
+        creates = [e for e in harness.world.effects() if e["op"] == "create"]
+        assert len(creates) == 3
+        assert harness.world.snapshot() == before
+
+    harness.run(body)
+
+
+def test_a_crash_before_recording_is_recovered_by_claim_expiry(harness: Harness) -> None:
+    """A worker that dispatched and died before recording the answer loses its claim
+    after `claim_ttl`; the step is retried under the same key, the world makes nothing
+    twice, and every object is recorded and cleaned up once."""
+    event = """
+id: crash-record
+phases:
+  - name: only
+    steps:
+      - action: sandbox.spawn
+        name: orcs
+        with: {kind: orc, region: britain, count: 3}
+"""
+    before = harness.world.snapshot()
+    harness.write_points.arm("record_outcomes")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        with pytest.raises(Crash):
+            await harness.settle(run)
+        assert len(harness.world.snapshot()["creatures"]) == 3
+        step = await harness.step(run, "orcs")
+        assert (step.status, step.attempts) == ("running", 1)
+        await harness.restart()
+        await harness.engine.tick()
+        assert (await harness.step(run, "orcs")).status == "running"  # the claim still stands
+        harness.clock.advance(harness.options.claim_ttl + 1)
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "orcs")
+        assert (run.status, step.status, step.attempts) == ("succeeded", "succeeded", 2)
+        creates = [e["ref"] for e in harness.world.effects() if e["op"] == "create"]
+        assert len(creates) == len(set(creates)) == 3
+        creatures = await harness.resources(run, "creature")
+        assert sorted(r.ref for r in creatures) == sorted(creates)
+        assert {r.state for r in creatures} == {"reverted"}
+        assert harness.world.snapshot() == before
+
+    harness.run(body)
+
+
+SPAWN = """
+      - action: sandbox.spawn
+        name: orcs
+        with: {kind: orc, region: britain, count: 2}"""
+
+
+@pytest.mark.parametrize(
+    ("ending", "extra_phase", "duration"),
+    [
+        ("succeeded", "", "0s"),
+        (
+            "failed",
+            "\n  - name: doomed\n    steps:\n      - action: sandbox.spawn\n"
+            "        with: {kind: orc, region: atlantis}",
+            "0s",
+        ),
+        ("cancelled", "", "1h"),
+    ],
+)
+def test_auto_cleanup_runs_on_every_terminal_path(
+    harness: Harness, ending: str, extra_phase: str, duration: str
+) -> None:
+    """With `cleanup: auto`, a dirty run is cleaned up whether it succeeded, failed or
+    was cancelled, and the world is what it was before the run."""
+    event = probe_event(f"  - name: spawn\n    steps:{SPAWN}{extra_phase}", duration=duration)
+    before = harness.world.snapshot()
+
+    async def body() -> None:
+        run = await harness.start(event)
+        if ending == "cancelled":
+            await harness.engine.tick()
+            assert len(harness.world.snapshot()["creatures"]) == 2
+            await harness.engine.cancel_run(run.id)
+        [run] = await harness.settle(run)
+        assert (run.status, run.cleanup_status) == (ending, "complete")
+        assert harness.world.snapshot() == before
+
+    harness.run(body)
+
+
+def test_manual_cleanup_waits_for_a_human(harness: Harness) -> None:
+    """With `cleanup: manual` an ended dirty run stays `pending` however long the worker
+    runs; a human's `clean_up` takes it down and is audited under their name."""
+    event = probe_event(f"  - name: spawn\n    steps:{SPAWN}", cleanup="manual")
+    before = harness.world.snapshot()
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        harness.clock.advance(3600)
+        await harness.engine.tick()
+        run = await harness.get_run(run)
+        assert (run.status, run.cleanup_status) == ("succeeded", "pending")
+        assert len(harness.world.snapshot()["creatures"]) == 2
+        report = await harness.engine.clean_up(run.id, actor="alice")
+        assert (report.status, report.reverted) == ("complete", 2)
+        assert (await harness.get_run(run)).cleanup_status == "complete"
+        assert harness.world.snapshot() == before
+        [audit] = [a for a in await harness.store.list_audit(f"run:{run.id}") if a.action == "cleanup"]
+        assert audit.actor == "alice"
+
+    harness.run(body)
+
+
+def test_a_run_that_ledgers_nothing_needs_no_cleanup(harness: Harness) -> None:
+    """Actions of class `none` and `self` record nothing: the run ends `not_required` and
+    cleanup never runs."""
+    event = probe_event("""
+  - name: only
+    steps:
+      - action: sandbox.broadcast
+        with: {message: hello}
+      - action: sandbox.buff
+        with: {name: blessing, region: britain, duration: 5s}
+      - action: core.log
+        with: {message: hi}
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        assert (run.status, run.cleanup_status, run.cleanup_report) == ("succeeded", "not_required", None)
+        assert await harness.resources(run) == []
+
+    harness.run(body)
