@@ -22,5 +22,7 @@ def test_demo_restores_the_world_and_says_so(tmp_path: Path) -> None:
     out = result.stdout
     assert "after cleanup the world equals the world before the run" in out
     assert "retrying under the same key" in out  # the faults really happened
-    assert "orc warband: 2 attempts" in out and "war chest: 3 attempts" in out
-    assert (tmp_path / "roadie.db").exists() and (tmp_path / "sandbox.db").exists()
+    assert "orc warband: 2 attempts" in out
+    assert "war chest: 3 attempts" in out
+    assert (tmp_path / "roadie.db").exists()
+    assert (tmp_path / "sandbox.db").exists()

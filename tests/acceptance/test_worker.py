@@ -43,8 +43,9 @@ def test_a_worker_process_carries_out_a_run_and_stops_on_sigterm(tmp_path: Path)
             time.sleep(0.3)
         assert (run["status"], run["cleanup_status"]) == ("succeeded", "complete")
         world = json.loads(roadie(tmp_path, "sandbox", "show", "--json").stdout)
-        assert world["creatures"] == {} and world["regions"]["yew"] == "clear"
+        assert world["creatures"] == {}
+        assert world["regions"]["yew"] == "clear"
     finally:
         worker.send_signal(signal.SIGTERM)
-        out, err = worker.communicate(timeout=30)
+        _, err = worker.communicate(timeout=30)
     assert worker.returncode == 0, err
