@@ -26,6 +26,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/workers.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from report import write_section
+
 from roadie.clock import FakeClock
 from roadie.engine import Engine, EngineOptions
 from roadie.registry import Call, Module, Registry, RevertCall
@@ -104,7 +106,7 @@ def main(argv: list[str]) -> int:
     if args.write:
         base = rows[0][2]["median"]
         lines = [
-            "# Benchmarks",
+            "## One worker, per reversible class",
             "",
             "Step throughput of one worker on SQLite (WAL, synchronous=FULL) with an in-process no-op module.",
             f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
@@ -118,8 +120,7 @@ def main(argv: list[str]) -> int:
         for action, shape, r in rows:
             figures = f"{r['median']:.0f} | {r['min']:.0f} | {r['max']:.0f} | {r['median'] / base:.2f}"
             lines.append(f"| `{action}` | {shape} | {figures} |")
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text("\n".join(lines) + "\n")
+        write_section(args.write, "throughput.py", "\n".join(lines))
     return 0
 
 

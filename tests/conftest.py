@@ -25,6 +25,7 @@ called from inside each dispatch, for tests that look at the store mid-call.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from typing import Any, Literal
 import pytest
 import structlog
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+from sqlalchemy.pool import NullPool
 
 from roadie.clock import FakeClock
 from roadie.definitions import load_definition
@@ -41,8 +44,9 @@ from roadie.errors import AnswerLost, PermanentError, RetryableError
 from roadie.modules.sandbox import SandboxWorld
 from roadie.registry import Call, LeaseCall, Module, ModuleConfig, Registry, RevertCall, build_registry
 from roadie.states import Reversible
-from roadie.store import Store
+from roadie.store import Store, dialects, tables
 from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow
+from tests.databases import BACKENDS, Database, check_reachable
 
 # -- fault injection at the store's named write points ------------------------------------
 
@@ -186,11 +190,11 @@ def probe_module() -> Module:
 
 
 class Harness:
-    """A clock, a registry (sandbox + extra modules), a store on a temp file and an engine."""
+    """A clock, a registry (sandbox + extra modules), a store on a fresh database, an engine."""
 
-    def __init__(self, tmp_path: Path, extra: tuple[Module, ...] = ()) -> None:
+    def __init__(self, tmp_path: Path, extra: tuple[Module, ...] = (), database_url: str | None = None) -> None:
         self.tmp_path = tmp_path
-        self.db_path = tmp_path / "roadie.db"
+        self.database_url = database_url or f"sqlite:///{tmp_path / 'roadie.db'}"
         self.clock = FakeClock()
         self.registry: Registry = build_registry({"sandbox": {"db": str(tmp_path / "world.db")}}, clock=self.clock)
         for module in extra:
@@ -235,9 +239,20 @@ class Harness:
         crash sees. The write-point hook carries over, with whatever it has left armed."""
         if self._store is not None:
             await self._store.close()
-        self._store = await Store.open(f"sqlite:///{self.db_path}")
+        self._store = await Store.open(self.database_url)
         self._store.write_point = self.write_points
         self._engine = Engine(self._store, self.registry, clock=self.clock, options=self.options)
+
+    async def peek(self, *columns: Any) -> list[tuple[Any, ...]]:
+        """`columns` of every ledger row, read through a connection of its own, as another
+        process would see the database at this moment."""
+        engine = dialects.create_engine(self.database_url, poolclass=NullPool)
+        try:
+            async with engine.connect() as conn:
+                query = select(*columns).order_by(tables.run_resources.c.id)
+                return [tuple(row) for row in await conn.execute(query)]
+        finally:
+            await engine.dispose()
 
     # -- events and runs
 
@@ -264,12 +279,16 @@ class Harness:
 
     async def drive(self, work: Awaitable[Any], *, quiet: float = 0.01, limit: int = 2000) -> Any:
         """Await `work` while time passes: whenever the loop has been quiet for `quiet` real
-        seconds, move the FakeClock to its next sleeper. For steps that sleep or hang."""
+        seconds and no database call is under way, move the FakeClock to its next sleeper.
+        For steps that sleep or hang. (A database call is not quiet: moving the clock
+        during one would let a later deadline fire before the engine saw an earlier one.)"""
         task = asyncio.ensure_future(work)
         for _ in range(limit):
             done, _ = await asyncio.wait({task}, timeout=quiet)
             if done:
                 return task.result()
+            if self.store.active:
+                continue
             deadline = self.clock.next_deadline()
             if deadline is not None:
                 self.clock.set(deadline)
@@ -304,22 +323,45 @@ def _default_logging() -> Iterator[None]:
 
 
 @pytest.fixture
-def make_harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
-    """Build a `Harness` with the given extra modules registered next to the sandbox."""
+def make_harness(tmp_path: Path, database: Database) -> Iterator[Callable[..., Harness]]:
+    """Build a `Harness` with the given extra modules registered next to the sandbox, on
+    a fresh database of the backend this test is parametrised with."""
     made: list[Harness] = []
 
     def make(*extra: Module) -> Harness:
         home = tmp_path / f"harness{len(made)}"
         home.mkdir()
-        made.append(Harness(home, extra))
+        made.append(Harness(home, extra, database.fresh(home)))
         return made[-1]
 
     yield make
     for h in made:
         asyncio.run(h.registry.close())
+    database.drop_all()
 
 
 @pytest.fixture
 def harness(make_harness: Callable[..., Harness]) -> Harness:
     """A `Harness` with the sandbox world and a fresh `probe` module."""
     return make_harness(probe_module())
+
+
+# -- the databases --------------------------------------------------------------------------
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses `database` (through `harness`) runs once per backend."""
+    if "database" in metafunc.fixturenames:
+        metafunc.parametrize("database", BACKENDS, indirect=True)
+
+
+@pytest.fixture
+def database(request: pytest.FixtureRequest) -> Database:
+    """This test's backend. An unreachable server skips locally and fails in CI."""
+    backend: str = request.param
+    problem = check_reachable(backend)
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return Database(backend)

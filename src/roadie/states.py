@@ -74,3 +74,11 @@ class ResourceState(StrEnum):
 
 STEP_KIND = "@step"
 OVERRIDE_KIND = "override"
+
+
+class WorkerState(StrEnum):
+    """A worker as `roadie workers` shows it, judged by its heartbeat's age."""
+
+    ALIVE = "alive"
+    STOPPED = "stopped"  # it deregistered: shut down cleanly
+    DEAD = "dead"  # no heartbeat for a claim's lifetime: killed, or its machine is gone

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from roadie.cli.main import app
+from tests.databases import Database
 
 runner = CliRunner()
 
@@ -37,13 +39,16 @@ MANUAL_EVENT = QUICK_EVENT.replace("id: quick-raid", "id: manual-raid").replace(
 
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: Database) -> Iterator[Path]:
+    """A fresh directory, with `ROADIE_DATABASE_URL` naming a fresh database of this
+    test's backend."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("ROADIE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("ROADIE_DATABASE_URL", database.fresh(tmp_path))
     monkeypatch.delenv("ROADIE_CONFIG", raising=False)
     (tmp_path / "quick.yaml").write_text(QUICK_EVENT)
     (tmp_path / "manual.yaml").write_text(MANUAL_EVENT)
-    return tmp_path
+    yield tmp_path
+    database.drop_all()
 
 
 def roadie(*args: str) -> tuple[int, str]:
@@ -66,7 +71,7 @@ def test_validate_accepts_a_good_file_and_names_field_and_line_of_a_bad_one(work
 
 def test_bad_step_parameters_are_refused_at_validation(workdir: Path) -> None:
     """A `with:` that does not fit the action's schema is refused before anything runs."""
-    (workdir / "bad.yaml").write_text(QUICK_EVENT.replace("count: \"{{ count }}\"", "count: lots"))
+    (workdir / "bad.yaml").write_text(QUICK_EVENT.replace('count: "{{ count }}"', "count: lots"))
     code, out = roadie("event", "validate", "bad.yaml")
     assert code == 1
     assert "phases[1].steps[0].with.count" in out
@@ -155,8 +160,10 @@ def test_forget_is_audited_and_needs_a_reason(workdir: Path) -> None:
     assert [f["resource"] for f in report["forgotten"]] == [creature["id"]]
 
 
-def test_configuration_file_chooses_database_and_world(workdir: Path) -> None:
-    """`roadie.toml` sets the database URL and the sandbox's world file."""
+def test_configuration_file_chooses_database_and_world(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`roadie.toml` sets the database URL and the sandbox's world file (when the
+    environment does not say otherwise)."""
+    monkeypatch.delenv("ROADIE_DATABASE_URL")
     (workdir / "roadie.toml").write_text('database_url = "sqlite:///other.db"\n[modules.sandbox]\ndb = "w.db"\n')
     code, out = roadie("init")
     assert code == 0, out

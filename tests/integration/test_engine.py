@@ -190,11 +190,14 @@ def test_a_phase_waits_for_its_after_delay(harness: Harness) -> None:
 
 def test_a_run_holds_until_its_duration_is_over(harness: Harness) -> None:
     """After its last phase a run stays `running` until its duration is spent."""
-    event = probe_event("""
+    event = probe_event(
+        """
   - name: only
     steps:
       - action: probe.make
-""", duration="1m")
+""",
+        duration="1m",
+    )
 
     async def body() -> None:
         run = await harness.start(event)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from typing import Any
 
 import pytest
 from tests.conftest import Harness
 
 from roadie.registry import Answer, Call
-from roadie.store import NewResource
+from roadie.store import NewResource, tables
 
 
 def one_step(with_: dict[str, Any], *, cleanup: str = "auto", retry: str = "", event_id: str = "ledger") -> str:
@@ -38,12 +37,8 @@ def test_placeholder_is_committed_before_the_action_is_called(harness: Harness) 
     seen: list[list[tuple[str, str, str, str]]] = []
 
     async def look(call: Call[Any]) -> None:
-        with sqlite3.connect(harness.db_path) as db:
-            seen.append(
-                db.execute(
-                    "SELECT owner, kind, ref, state FROM run_resources WHERE run_id = ?", (call.run_id,)
-                ).fetchall()
-            )
+        r = tables.run_resources.c
+        seen.append(await harness.peek(r.owner, r.kind, r.ref, r.state))
 
     harness.probe.observe = look
 
@@ -355,8 +350,8 @@ def test_a_lease_row_is_reserved_with_its_saved_value_before_the_world_is_writte
     seen: list[list[tuple[str, str, str, str | None]]] = []
 
     async def look(call: Any, value: Any) -> None:
-        with sqlite3.connect(harness.db_path) as db:
-            seen.append(db.execute("SELECT owner, kind, ref, state, payload FROM run_resources").fetchall())
+        r = tables.run_resources.c
+        seen.append(await harness.peek(r.owner, r.kind, r.ref, r.state, r.payload))
 
     harness.probe.observe_dial = look
     harness.probe.dial = 1.5
@@ -373,7 +368,7 @@ phases:
     async def body() -> None:
         run = await harness.start(event)
         await harness.settle(run)
-        assert seen == [[("core", "override", "probe.dial", "pending", '{"saved": 1.5}')]]
+        assert seen == [[("core", "override", "probe.dial", "pending", {"saved": 1.5})]]
         [row] = await harness.resources(run)
         assert row.state == "live"
 

@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import func, select
+from tests.databases import Database
 
 from roadie.clock import FakeClock
 from roadie.definitions import EventDefinition
@@ -37,7 +39,7 @@ from roadie.modules.sandbox import SandboxWorld
 from roadie.modules.sandbox.world import SEED_REGIONS
 from roadie.registry import Registry, build_registry
 from roadie.states import CleanupStatus, RunStatus
-from roadie.store import Store
+from roadie.store import Store, tables
 from roadie.store.rows import EventRow, RunRow
 
 CLAIM_TTL = 60.0
@@ -52,7 +54,7 @@ settings.register_profile(
     "roadie-crash",
     max_examples=EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 
 
@@ -102,10 +104,10 @@ class Harness:
     elsewhere would) while the worker is in the middle of its work.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, database_url: str) -> None:
         self.clock = FakeClock()
         self.world_path = os.path.join(directory, "world.db")
-        self.db_path = os.path.join(directory, "roadie.db")
+        self.database_url = database_url
         self.generation = 0
         self.crashes: list[str] = []
         self.plan: CrashPlan | None = None
@@ -121,7 +123,7 @@ class Harness:
         """Start a worker process: a fresh registry (the world reopened on its file), store
         and engine, with a worker id of its own."""
         self.registry = build_registry({"sandbox": {"db": self.world_path}}, clock=self.clock)
-        self.store = await Store.open(f"sqlite:///{self.db_path}")
+        self.store = await Store.open(self.database_url)
         self.store.write_point = self.write_point
         self.engine = Engine(
             self.store,
@@ -179,7 +181,7 @@ class Harness:
             await asyncio.wait(ours, timeout=30)
         if self.cancelling is not None and (self.cancelling.cancelled() or self.cancelling.exception()):
             self.cancelling = None  # the operator's request died with the worker: asked again
-        assert_one_live_row_per_target(self.db_path)
+        await assert_one_live_row_per_target(self.store)
         await self.store.close()
         await self.registry.close()
         self.generation += 1
@@ -224,18 +226,21 @@ async def survive(h: Harness, run_ids: list[int], plans: list[CrashPlan]) -> lis
 # -- the properties ---------------------------------------------------------------------------
 
 
-def assert_one_live_row_per_target(db_path: str) -> None:
+async def assert_one_live_row_per_target(store: Store) -> None:
     """The database's committed state: no (owner, kind, ref) held by two pending/live rows."""
-    with sqlite3.connect(db_path) as db:
-        doubles = db.execute(
-            "SELECT owner, kind, ref, COUNT(*) FROM run_resources WHERE state IN ('pending', 'live')"
-            " GROUP BY owner, kind, ref HAVING COUNT(*) > 1"
-        ).fetchall()
-    db.close()
+    r = tables.run_resources.c
+    query = (
+        select(r.owner, r.kind, r.ref, func.count())
+        .where(r.state.in_(["pending", "live"]))
+        .group_by(r.owner, r.kind, r.ref)
+        .having(func.count() > 1)
+    )
+    async with store.engine.connect() as conn:
+        doubles = [tuple(row) for row in await conn.execute(query)]
     assert doubles == [], f"two live rows for one target: {doubles}"
 
 
-def assert_invariants(h: Harness, run_ids: list[int], before: dict[str, Any]) -> None:
+async def assert_invariants(h: Harness, run_ids: list[int], before: dict[str, Any]) -> None:
     # Buffs undo themselves by the clock: let every one of them run out first.
     h.clock.advance(86_400)
     after = h.world.snapshot()
@@ -250,21 +255,19 @@ def assert_invariants(h: Harness, run_ids: list[int], before: dict[str, Any]) ->
     serials = Counter((e["kind"], e["ref"]) for e in objects)
     assert [t for t, n in serials.items() if n > 1] == [], "one serial was made twice"
 
-    assert_one_live_row_per_target(h.db_path)
+    await assert_one_live_row_per_target(h.store)
     for run_id in run_ids:
-        with sqlite3.connect(h.db_path) as db:
-            rows = db.execute(
-                "SELECT id, kind, ref, state, error FROM run_resources WHERE run_id = ?", (run_id,)
-            ).fetchall()
-            status, cleanup = db.execute("SELECT status, cleanup_status FROM runs WHERE id = ?", (run_id,)).fetchone()
-        db.close()
-        unfinished = [r for r in rows if r[3] not in FINAL_STATES]
+        rows = await h.store.list_resources(run_id)
+        run = await h.store.get_run(run_id)
+        unfinished = [(r.id, r.kind, r.ref, r.state, r.error) for r in rows if r.state not in FINAL_STATES]
         assert unfinished == [], f"run {run_id}: ledger rows left live after cleanup: {unfinished}"
-        assert RunStatus(status).terminal, f"run {run_id} is {status}"
+        assert RunStatus(run.status).terminal, f"run {run_id} is {run.status}"
         if rows:
-            assert cleanup == CleanupStatus.COMPLETE.value, f"run {run_id}: cleanup {cleanup} (crashes: {h.crashes})"
+            assert run.cleanup_status == CleanupStatus.COMPLETE.value, (
+                f"run {run_id}: cleanup {run.cleanup_status} (crashes: {h.crashes})"
+            )
         else:
-            assert cleanup in (CleanupStatus.NOT_REQUIRED.value, CleanupStatus.COMPLETE.value)
+            assert run.cleanup_status in (CleanupStatus.NOT_REQUIRED.value, CleanupStatus.COMPLETE.value)
 
 
 # -- scenarios ----------------------------------------------------------------------------------
@@ -303,19 +306,24 @@ async def start(
     return started, before
 
 
-def scenario(body: Callable[[Harness], Awaitable[None]]) -> None:
-    """Run `body` on fresh files in a temp dir of its own (hypothesis reuses fixtures)."""
+def scenario(database: Database, body: Callable[[Harness], Awaitable[None]]) -> None:
+    """Run `body` on a fresh database and world file of its own (hypothesis reuses
+    fixtures across examples, so each example makes and drops its own)."""
+    with tempfile.TemporaryDirectory() as directory:
+        url = database.fresh(Path(directory))
 
-    async def main() -> None:
-        with tempfile.TemporaryDirectory() as directory:
-            h = Harness(directory)
+        async def main() -> None:
+            h = Harness(directory, url)
             await h.boot()
             try:
                 await body(h)
             finally:
                 await h.close()
 
-    asyncio.run(main())
+        try:
+            asyncio.run(main())
+        finally:
+            database.drop_all()
 
 
 regions = st.sampled_from(SEED_REGIONS)
@@ -405,7 +413,8 @@ WRITE_POINTS = [
     "materialise_phase",
     "advance_runs",
     "requeue_expired_claims",
-    "extend_step_claims",
+    "heartbeat_worker",
+    "claim_expired_lease",
     "request_cancel",
     "fail_run",
     "claim_cleanup",
@@ -439,6 +448,7 @@ def _plan(spec: int | tuple[str, int]) -> CrashPlan:
     cancel=cancels,
 )
 def test_crashes_and_faults_never_break_cleanup(
+    database: Database,
     definition: dict[str, Any],
     faults: Faults,
     crashes: list[int | tuple[str, int]],
@@ -459,9 +469,9 @@ def test_crashes_and_faults_never_break_cleanup(
             event(f"run {run.status}, cleanup {run.cleanup_status}")
         for where in h.crashes:
             event(f"crashed at {where.partition('(')[2].rstrip(')')}")
-        assert_invariants(h, ids, before)
+        await assert_invariants(h, ids, before)
 
-    scenario(body)
+    scenario(database, body)
 
 
 # -- named crash points, for failures that read at a glance -----------------------------------
@@ -479,7 +489,7 @@ def _event(*phase_steps: list[dict[str, Any]], cleanup: str = "auto") -> dict[st
     }
 
 
-def test_crash_before_the_first_answers_are_recorded() -> None:
+def test_crash_before_the_first_answers_are_recorded(database: Database) -> None:
     """The world was written and the process died before the answers committed: the
     placeholder and the lease row found the writes, the retry under the same key made
     nothing new, and cleanup took everything down."""
@@ -502,12 +512,12 @@ def test_crash_before_the_first_answers_are_recorded() -> None:
         await h.crash()
         [final] = await survive(h, [run.id], [])
         assert final.status == RunStatus.SUCCEEDED
-        assert_invariants(h, [run.id], before)
+        await assert_invariants(h, [run.id], before)
 
-    scenario(body)
+    scenario(database, body)
 
 
-def test_crash_while_saving_a_lease_value() -> None:
+def test_crash_while_saving_a_lease_value(database: Database) -> None:
     """The process died saving the value a lease was about to overwrite: the world was
     not written, and the next worker read the value afresh and gave it back."""
 
@@ -527,12 +537,12 @@ def test_crash_while_saving_a_lease_value() -> None:
         [final] = await survive(h, [run.id], [CrashPlan(name="save_lease_value", occurrence=2)])
         assert final.status == RunStatus.SUCCEEDED
         assert len(h.crashes) == 2
-        assert_invariants(h, [run.id], before)
+        await assert_invariants(h, [run.id], before)
 
-    scenario(body)
+    scenario(database, body)
 
 
-def test_crash_in_the_middle_of_cleanup() -> None:
+def test_crash_in_the_middle_of_cleanup(database: Database) -> None:
     """The process died marking a revert done: the world had already removed the objects,
     the next worker's cleanup reverted them again as 'already gone', and nothing was
     removed twice."""
@@ -557,12 +567,12 @@ def test_crash_in_the_middle_of_cleanup() -> None:
         await h.crash()
         [final] = await survive(h, [run.id], [])
         assert final.cleanup_status == CleanupStatus.COMPLETE
-        assert_invariants(h, [run.id], before)
+        await assert_invariants(h, [run.id], before)
 
-    scenario(body)
+    scenario(database, body)
 
 
-def test_revert_faults_leave_cleanup_incomplete_until_a_human_retries() -> None:
+def test_revert_faults_leave_cleanup_incomplete_until_a_human_retries(database: Database) -> None:
     """Reverts that keep failing end the cleanup `incomplete`; once the fault is gone, a
     human's "clean up again" completes it — even when the process dies during the retry."""
 
@@ -574,6 +584,6 @@ def test_revert_faults_leave_cleanup_incomplete_until_a_human_retries() -> None:
         [final] = await survive(h, [run.id], [CrashPlan(name="mark_reverted")])
         assert final.cleanup_status == CleanupStatus.COMPLETE
         assert h.crashes, "the human's retry should have been killed once"
-        assert_invariants(h, [run.id], before)
+        await assert_invariants(h, [run.id], before)
 
-    scenario(body)
+    scenario(database, body)

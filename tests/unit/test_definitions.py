@@ -217,7 +217,7 @@ def test_nested_model_errors_reach_their_line() -> None:
 
 def test_unknown_with_key_is_refused_with_suggestion(registry: Registry) -> None:
     """A `with:` key the action's parameter model does not have is refused at its line."""
-    text = HARVEST.replace("          count: \"{{ count }}\"", "          cuont: 4")
+    text = HARVEST.replace('          count: "{{ count }}"', "          cuont: 4")
     problems = problems_of(text, reg=registry)
     assert lines_of(problems) == [
         "harvest.yaml:23: phases[1].steps[0].with.cuont: unknown field 'cuont' (did you mean 'count'?)"
@@ -596,3 +596,51 @@ def test_rendering_does_not_change_the_definition(registry: Registry) -> None:
     """The frozen copy keeps the definition with its templates untouched."""
     result = frozen(registry, {"rate": 1.0})
     assert result.event.phases[1].steps[0].with_["count"] == "{{ count }}"
+
+
+def test_schedule_mistakes_are_reported_at_their_lines() -> None:
+    """A `schedule:` is checked at load, each mistake at its line and field: a bad cron, an
+    unknown time zone (with a suggestion), a one-shot time without an offset, params that do
+    not fit the event's, and an unknown catch-up policy; a sound one loads, aware."""
+    text = textwrap.dedent("""\
+        id: patrol
+        params:
+          wave: {type: int, required: true}
+        phases:
+          - name: only
+            steps:
+              - action: core.log
+                with: {message: hi}
+        schedule:
+          cron: "61 * * * *"
+          timezone: Europe/Londn
+          catch_up: sometimes
+          params: {wave: 2, size: 3}
+        """)
+    with pytest.raises(DefinitionError) as caught:
+        load_definition(text, "p.yaml", None)
+    found = {(p.line, p.field): p.message for p in caught.value.problems}
+    assert "not a cron expression" in found[(10, "schedule.cron")]
+    assert "did you mean 'Europe/London'" in found[(11, "schedule.timezone")]
+    assert "'latest', 'all' or 'none'" in found[(12, "schedule.catch_up")]
+
+    bad_params = text.replace('"61 * * * *"', '"*/10 * * * *"').replace("Europe/Londn", "Europe/London")
+    bad_params = bad_params.replace("sometimes", "all")
+    with pytest.raises(DefinitionError) as caught:
+        load_definition(bad_params, "p.yaml", None)
+    [problem] = caught.value.problems
+    assert (problem.line, problem.field) == (13, "schedule.params")
+    assert "unknown param 'size'" in problem.message
+
+    naive = text.split("schedule:")[0] + "schedule:\n  at: [2026-05-01T20:00:00Z, 2026-05-01 21:00:00]\n"
+    naive += "  params: {wave: 1}\n"
+    with pytest.raises(DefinitionError) as caught:
+        load_definition(naive, "p.yaml", None)
+    [problem] = caught.value.problems
+    assert (problem.line, problem.field) == (10, "schedule.at[1]")
+    assert "has no time zone" in problem.message
+
+    sound = load_definition(naive.replace("2026-05-01 21:00:00", "2026-05-01T21:00:00+01:00"), "p.yaml", None)
+    assert sound.schedule is not None
+    assert sound.schedule.at is not None
+    assert all(t.tzinfo is not None for t in sound.schedule.at)

@@ -34,13 +34,19 @@ class Env:
         assert module.setup_fn is not None
         self.clock = clock
         self.base_dir = str(tmp_path)
-        self.world: SandboxWorld = module.setup_fn(
-            ModuleConfig({"db": "world.db"}, clock, self.base_dir))
+        self.world: SandboxWorld = module.setup_fn(ModuleConfig({"db": "world.db"}, clock, self.base_dir))
 
     def dispatch(self, action: str, key: str, **params: Any) -> Answer:
         act = module.actions[action]
-        call = Call(run_id=1, step_id=1, idempotency_key=key, attempt=1,
-                    params=act.params.model_validate(params), state=self.world, clock=self.clock)
+        call = Call(
+            run_id=1,
+            step_id=1,
+            idempotency_key=key,
+            attempt=1,
+            params=act.params.model_validate(params),
+            state=self.world,
+            clock=self.clock,
+        )
         answer = asyncio.run(act.call(call))
         assert isinstance(answer, Answer)
         return answer
@@ -48,8 +54,7 @@ class Env:
     def revert(self, action: str, key: str, resources: list[Resource]) -> Any:
         revert_fn = module.actions[action].revert_fn
         assert revert_fn is not None
-        call = RevertCall(run_id=1, idempotency_key=key, resources=resources,
-                          state=self.world, clock=self.clock)
+        call = RevertCall(run_id=1, idempotency_key=key, resources=resources, state=self.world, clock=self.clock)
         return asyncio.run(maybe_await(revert_fn(call)))
 
     def read(self, lease: str, target: str | None = None) -> Any:
@@ -68,8 +73,7 @@ def resources(answer: Answer) -> list[Resource]:
 
 
 def creates(world: SandboxWorld, key: str) -> list[tuple[str, int | None]]:
-    return [(e["ref"], e["idx"]) for e in world.effects()
-            if e["key"] == key and e["op"] == "create"]
+    return [(e["ref"], e["idx"]) for e in world.effects() if e["key"] == key and e["op"] == "create"]
 
 
 @pytest.fixture
@@ -92,8 +96,7 @@ def test_module_declares_its_actions_and_leases() -> None:
     """The module passes the registry's check, with the classes DESIGN §3 gives each action."""
     module.check()
     classes = {name: action.reversible.value for name, action in module.actions.items()}
-    assert classes == {"spawn": "ledger", "place_item": "ledger", "broadcast": "none",
-                       "buff": "self"}
+    assert classes == {"spawn": "ledger", "place_item": "ledger", "broadcast": "none", "buff": "self"}
     assert module.leases["weather"].targeted
     assert not module.leases["xp_rate"].targeted
 
@@ -109,8 +112,7 @@ def test_params_refuse_unknown_fields_and_bad_counts() -> None:
         params.model_validate({"kind": "orc", "region": "yew", "count": 0})
     assert module.actions["buff"].params is BuffParams
     assert BuffParams.model_validate({"name": "haste", "region": "yew"}).duration == 60.0
-    assert BuffParams.model_validate(
-        {"name": "haste", "region": "yew", "duration": "10m"}).duration == 600.0
+    assert BuffParams.model_validate({"name": "haste", "region": "yew", "duration": "10m"}).duration == 600.0
 
 
 def test_setup_opens_the_file_relative_to_base_dir(env: Env, tmp_path: Path) -> None:
@@ -127,8 +129,7 @@ def test_a_new_file_is_seeded_once(tmp_path: Path, clock: FakeClock) -> None:
     path = str(tmp_path / "w.db")
     with open_world(path, clock) as world:
         snap = world.snapshot()
-        assert snap["regions"] == dict.fromkeys(
-            ["britain", "minoc", "moonglow", "trinsic", "yew"], "clear")
+        assert snap["regions"] == dict.fromkeys(["britain", "minoc", "moonglow", "trinsic", "yew"], "clear")
         assert snap["settings"] == {"xp_rate": 1.0}
         assert snap["creatures"] == snap["items"] == {}
         assert snap["buffs"] == []
@@ -139,8 +140,7 @@ def test_a_new_file_is_seeded_once(tmp_path: Path, clock: FakeClock) -> None:
         assert again.read_setting("xp_rate") == 3.0
 
 
-def test_a_fresh_object_after_an_abandoned_one_sees_the_same_state(
-        tmp_path: Path, clock: FakeClock) -> None:
+def test_a_fresh_object_after_an_abandoned_one_sees_the_same_state(tmp_path: Path, clock: FakeClock) -> None:
     """A world object abandoned mid-call (a crash) leaves the file consistent: a fresh
     object sees what was committed, including the armed knobs, and carries on."""
     path = str(tmp_path / "w.db")
@@ -156,8 +156,7 @@ def test_a_fresh_object_after_an_abandoned_one_sees_the_same_state(
     try:
         assert second.snapshot() == before
         assert second.key_ledger().keys() == {"k1"}
-        assert second.pending_faults() == [
-            {"kind": "lose", "action": "place_item", "remaining": 1, "message": None}]
+        assert second.pending_faults() == [{"kind": "lose", "action": "place_item", "remaining": 1, "message": None}]
         assert len(second.spawn("k2", "troll", "yew", 4)) == 4
         assert len(second.snapshot()["creatures"]) == 7
         new_serial = second.spawn("k3", "orc", "minoc")[0]
@@ -177,8 +176,11 @@ def test_spawn_is_exactly_once_on_redispatch(env: Env) -> None:
     assert again == first
     serials = first.output["serials"]
     assert len(set(serials)) == 3
-    assert first.resources[0] == {"kind": "creature", "ref": serials[0],
-                                  "payload": {"kind": "orc", "region": "britain"}}
+    assert first.resources[0] == {
+        "kind": "creature",
+        "ref": serials[0],
+        "payload": {"kind": "orc", "region": "britain"},
+    }
     assert creates(env.world, "key-1") == [(s, i) for i, s in enumerate(serials)]
     assert env.world.key_ledger()["key-1"]["answer"] == serials
     assert set(env.world.snapshot()["creatures"]) == set(serials)
@@ -189,8 +191,7 @@ def test_place_item_is_exactly_once_on_redispatch(env: Env) -> None:
     first = env.dispatch("place_item", "key-i", kind="chest", region="yew", count=2)
     assert env.dispatch("place_item", "key-i", kind="chest", region="yew", count=2) == first
     assert {r["kind"] for r in first.resources} == {"item"}
-    assert env.world.snapshot()["items"] == {
-        s: {"kind": "chest", "region": "yew"} for s in first.output["serials"]}
+    assert env.world.snapshot()["items"] == {s: {"kind": "chest", "region": "yew"} for s in first.output["serials"]}
 
 
 def test_broadcast_and_buff_are_exactly_once(env: Env) -> None:
@@ -412,9 +413,15 @@ def test_delay_waits_on_the_clock(tmp_path: Path) -> None:
 
     async def dispatch_while_time_passes(key: str) -> None:
         act = module.actions["spawn"]
-        call = Call(run_id=1, step_id=1, idempotency_key=key, attempt=1,
-                    params=act.params.model_validate({"kind": "orc", "region": "yew"}),
-                    state=env.world, clock=clock)
+        call = Call(
+            run_id=1,
+            step_id=1,
+            idempotency_key=key,
+            attempt=1,
+            params=act.params.model_validate({"kind": "orc", "region": "yew"}),
+            state=env.world,
+            clock=clock,
+        )
         task = asyncio.create_task(act.call(call))
         await asyncio.sleep(0)
         assert not task.done()
@@ -508,7 +515,8 @@ def test_buffs_leave_the_snapshot_when_they_expire(env: Env, clock: FakeClock) -
     before = env.world.snapshot()
     answer = env.dispatch("buff", "b", name="haste", region="yew", duration="1m")
     assert env.world.snapshot()["buffs"] == [
-        {"name": "haste", "region": "yew", "expires_at": answer.output["expires_at"]}]
+        {"name": "haste", "region": "yew", "expires_at": answer.output["expires_at"]}
+    ]
     clock.advance(59)
     assert len(env.world.snapshot()["buffs"]) == 1
     clock.advance(1)

@@ -57,7 +57,7 @@ class Context:
 
 @asynccontextmanager
 async def open_context(
-    database_url: str | None, config: str | None, *, concurrency: int | None = None
+    database_url: str | None, config: str | None, *, concurrency: int | None = None, claim_ttl: float | None = None
 ) -> AsyncIterator[Context]:
     """Open the database (migrating it), load the modules, and build one engine."""
     settings = load_settings(database_url, config)
@@ -67,6 +67,8 @@ async def open_context(
     options = EngineOptions(**{k: v for k, v in settings.engine.items() if k in EngineOptions.__dataclass_fields__})
     if concurrency is not None:
         options.concurrency = concurrency
+    if claim_ttl is not None:
+        options.claim_ttl = claim_ttl
     engine = Engine(store, registry, clock=clock, options=options)
     try:
         yield Context(settings, store, registry, engine)

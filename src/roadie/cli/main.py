@@ -83,6 +83,9 @@ def _json_default(value: Any) -> Any:
 
 
 STATE_STYLE = {
+    "alive": "green",
+    "stopped": "dim",
+    "dead": "red",
     "succeeded": "green",
     "complete": "green",
     "reverted": "dim",
@@ -121,11 +124,24 @@ def init(database_url: str | None = DatabaseOption, config: str | None = ConfigO
 
 @app.command()
 def worker(
-    concurrency: int = typer.Option(32, "--concurrency", min=1, help="Steps dispatched at once."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", min=1, help="Steps dispatched at once (default: [engine] concurrency, or 32)."
+    ),
+    claim_ttl: float | None = typer.Option(
+        None,
+        "--claim-ttl",
+        min=1.0,
+        help="Seconds a claim lives without a heartbeat; a dead worker's work is taken over after this "
+        "(default: [engine] claim_ttl, or 60).",
+    ),
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Run a worker: claim steps, dispatch them, record answers, clean up. Ctrl-C stops it."""
+    """Run a worker: claim steps, dispatch them, record answers, clean up.
+
+    SIGTERM or Ctrl-C stops it gracefully: it claims nothing more, lets in-flight steps
+    answer (each within its timeout), gives back what it still holds, and exits 0.
+    """
 
     async def work(ctx: Context) -> None:
         loop = asyncio.get_running_loop()
@@ -133,10 +149,48 @@ def worker(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, ctx.engine.stop)
-        console.print(f"worker {ctx.engine.worker_id} on {ctx.settings.database_url} (concurrency {concurrency})")
+        options = ctx.engine.options
+        console.print(
+            f"worker {ctx.engine.worker_id} on {ctx.settings.database_url} "
+            f"(concurrency {options.concurrency}, claim ttl {options.claim_ttl:g}s)",
+            highlight=False,
+        )
         await ctx.engine.run_forever()
+        console.print(f"worker {ctx.engine.worker_id} stopped", highlight=False)
 
-    _run(database_url, config, work, concurrency=concurrency)
+    _run(database_url, config, work, concurrency=concurrency, claim_ttl=claim_ttl)
+
+
+@app.command("workers")
+def workers_list(
+    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+) -> None:
+    """Who is working: each worker alive, stopped or dead (no heartbeat for a claim's
+    lifetime), its last heartbeat, and the steps and cleanups claimed in its name."""
+
+    async def work(ctx: Context) -> tuple[datetime, list[Any]]:
+        now = ctx.engine.clock.now()
+        return now, await ctx.store.list_workers(now, ctx.engine.options.claim_ttl)
+
+    now, rows = _run(database_url, config, work)
+    if as_json:
+        _print_json([asdict(r) for r in rows])
+        return
+    table = Table("worker", "state", "host", "pid", "last heartbeat", "steps", "cleanups", "concurrency", "started")
+    for r in rows:
+        age = (now - r.heartbeat_at).total_seconds()
+        table.add_row(
+            r.worker_id,
+            _styled(r.state),
+            r.host,
+            str(r.pid),
+            f"{age:.1f}s ago",
+            str(r.steps),
+            str(r.cleanups),
+            str(r.concurrency),
+            r.started_at.isoformat(timespec="seconds"),
+        )
+    console.print(table)
 
 
 # -- events -----------------------------------------------------------------------------
@@ -199,9 +253,13 @@ def event_list(
     if as_json:
         _print_json([{"id": r.event_id, "version": r.version, "title": r.title} for r in rows])
         return
-    table = Table("event", "version", "title", "phases")
+    table = Table("event", "version", "title", "phases", "schedule")
     for r in rows:
-        table.add_row(r.event_id, str(r.version), r.title, str(len(r.definition.get("phases", []))))
+        schedule = r.definition.get("schedule") or {}
+        when = schedule.get("cron") or (f"{len(schedule['at'])} times" if schedule.get("at") else "")
+        if schedule.get("cron") and schedule.get("timezone", "UTC") != "UTC":
+            when += f" ({schedule['timezone']})"
+        table.add_row(r.event_id, str(r.version), r.title, str(len(r.definition.get("phases", []))), when)
     console.print(table)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from roadie.definitions.loader import load_definition, load_file
 from roadie.definitions.model import (
+    CatchUp,
     EventDefinition,
     FrozenDefinition,
     ParamSpec,
@@ -12,11 +13,13 @@ from roadie.definitions.model import (
     RenderedPhase,
     RenderedStep,
     RetryPolicy,
+    ScheduleDef,
     StepDef,
 )
 from roadie.definitions.render import render
 
 __all__ = [
+    "CatchUp",
     "EventDefinition",
     "FrozenDefinition",
     "ParamSpec",
@@ -24,6 +27,7 @@ __all__ = [
     "RenderedPhase",
     "RenderedStep",
     "RetryPolicy",
+    "ScheduleDef",
     "StepDef",
     "load_definition",
     "load_file",

@@ -14,20 +14,22 @@ whenever it looks, one transaction per batch.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from importlib import metadata
+from typing import Any, TypeVar, overload
 
 import structlog
 from pydantic import ValidationError
 
 from roadie.clock import Clock, FakeClock, SystemClock
 from roadie.definitions import EventDefinition, FrozenDefinition, RetryPolicy, render
-from roadie.engine import leases
+from roadie.engine import leases, schedules
 from roadie.engine.cleanup import Cleanup, CleanupReport
 from roadie.engine.ledger import read_answer
 from roadie.errors import (
@@ -82,12 +84,37 @@ class Engine:
         self.observer: Observer = observer or (lambda kind, data: None)
         self._stopping = asyncio.Event()
         self._definitions: dict[int, FrozenDefinition] = {}
+        # What the heartbeat keeps claimed: the steps in flight and the cleanups under way.
+        self._inflight_ids: dict[int, int] = {}  # step id -> the attempt in flight
+        self._cleaning: set[int] = set()
+        self._lost: set[int] = set()  # steps the heartbeat found taken over by another worker
+        self._heart: asyncio.Task[None] | None = None  # run_forever's background heartbeat
 
     # -- runs -----------------------------------------------------------------------
 
-    async def start_run(self, event: EventRow, params: dict[str, Any] | None = None, *, actor: str = "cli") -> RunRow:
+    @overload
+    async def start_run(
+        self, event: EventRow, params: dict[str, Any] | None = None, *, actor: str = "cli"
+    ) -> RunRow: ...
+
+    @overload
+    async def start_run(
+        self, event: EventRow, params: dict[str, Any] | None = None, *, actor: str = "cli", schedule_key: str
+    ) -> RunRow | None: ...
+
+    async def start_run(
+        self,
+        event: EventRow,
+        params: dict[str, Any] | None = None,
+        *,
+        actor: str = "cli",
+        schedule_key: str | None = None,
+    ) -> RunRow | None:
         """Create a run of `event` with `params`. Every step is rendered and validated now,
-        so a run with a bad parameter is refused before anything runs."""
+        so a run with a bad parameter is refused before anything runs.
+
+        A `schedule_key` names one occurrence of the event's schedule, which makes at most
+        one run: None means that occurrence's run exists already."""
         definition = EventDefinition.model_validate(event.definition)
         try:
             resolved = definition.resolve_params(params or {})
@@ -104,6 +131,7 @@ class Engine:
             first_phase_due=now + timedelta(seconds=frozen.phases[0].after),
             actor=actor,
             now=now,
+            schedule_key=schedule_key,
         )
 
     def _check_leases(self, frozen: FrozenDefinition) -> None:
@@ -262,11 +290,18 @@ class Engine:
                             may_have_moved = True
                             continue
                         inflight[asyncio.create_task(self._dispatch(c))] = c
+                        self._inflight_ids[c.step.id] = c.step.attempts
                         worked = True
                     if len(claimed) < free and may_have_moved:
                         # The queue ran dry: the steps that ended may have finished a phase.
                         may_have_moved = False
-                        moved, _ = await self._advance()
+                        try:
+                            moved, _ = await self._advance()
+                        except StoreError as exc:
+                            # Moving runs on can wait for the next pass; the dispatches in
+                            # flight must not be dropped for it.
+                            log.warning("advancing runs failed; will try again", error=exc.message)
+                            moved = False
                         if moved:
                             continue
                 if not inflight:
@@ -278,18 +313,17 @@ class Engine:
                 await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
                 # Let dispatches that are about to finish do so, and take them all at once.
                 await asyncio.sleep(0)
-                if heartbeat.done():
-                    await self.store.extend_step_claims(
-                        self.worker_id,
-                        [c.step.id for c in inflight.values()],
-                        self.clock.now(),
-                        self.options.claim_ttl,
-                    )
+                if heartbeat.done() and self._heart is None:
+                    # Without run_forever's background heartbeat (settle, tests), the
+                    # drain beats for what it holds.
+                    await self.heartbeat()
+                if self._lost:
+                    self._abandon_lost(inflight)
                 finished = [t for t in inflight if t.done()]
                 if finished:
                     outcomes: list[Outcome] = [t.result() for t in finished]
                     for t in finished:
-                        del inflight[t]
+                        self._inflight_ids.pop(inflight.pop(t).step.id, None)
                     await self.store.record_outcomes(outcomes)
                     for o in outcomes:
                         self._tell_outcome(o)
@@ -298,6 +332,42 @@ class Engine:
         finally:
             for task in [*inflight, *([heartbeat] if heartbeat else [])]:
                 task.cancel()
+            for c in inflight.values():
+                self._inflight_ids.pop(c.step.id, None)
+
+    def _abandon_lost(self, inflight: dict[asyncio.Future[Any], Claimed]) -> None:
+        """Stop the dispatches whose claims another worker has taken over: the step is
+        theirs now, and running it here as well is what claims exist to prevent."""
+        for task, c in list(inflight.items()):
+            if c.step.id in self._lost:
+                log.warning("claim lost; dispatch abandoned", run_id=c.step.run_id, step_id=c.step.id)
+                task.cancel()
+                del inflight[task]
+                self._inflight_ids.pop(c.step.id, None)
+        self._lost.clear()
+
+    async def heartbeat(self) -> None:
+        """Say this worker is alive and extend the claims of what it holds, in one write."""
+        held = dict(self._inflight_ids)
+        lost = await self.store.heartbeat_worker(
+            self.worker_id,
+            self.clock.now(),
+            self.options.claim_ttl,
+            step_ids=sorted(held),
+            cleanup_run_ids=sorted(self._cleaning),
+        )
+        # Only the attempt the beat asked about: one that ended meanwhile, and was claimed
+        # again by this worker, is a new claim the beat did not see.
+        self._lost |= {i for i in lost if self._inflight_ids.get(i) == held[i]}
+
+    async def _beat_forever(self) -> None:
+        """run_forever's heartbeat, every third of a claim's lifetime, busy or idle."""
+        while True:
+            await self.clock.sleep(self.options.claim_ttl / 3)
+            try:
+                await self.heartbeat()
+            except StoreError as exc:  # the next beat may get through; a claim lasts three
+                log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
 
     async def _dispatch(self, claimed: Claimed) -> Outcome:
         """Call the step's action and say what happened. Never raises: every failure is an
@@ -392,10 +462,15 @@ class Engine:
         """Do everything that is due now; answer when something will next be due."""
         now = self.clock.now()
         await self.store.requeue_expired_claims(now)
+        await schedules.create_due_runs(self)
         await self._advance()
         await self._drain()
-        await leases.sweep_expired(self.store, self.registry, self.clock)
+        if self._stopping.is_set():  # a stopping worker finishes what it holds, starts nothing
+            return None
+        await leases.sweep_expired(self.store, self.registry, self.clock, self.options.claim_ttl)
         for run_id in await self.store.runs_due_cleanup(self.clock.now()):
+            if self._stopping.is_set():
+                break
             try:
                 await self.clean_up(run_id, actor="system")
             except InvalidState as exc:  # another worker took it first: theirs to finish
@@ -406,7 +481,11 @@ class Engine:
         self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
     ) -> CleanupReport:
         self._tell("cleanup", {"run_id": run_id, "status": "started"})
-        report = await self.cleanup.run(run_id, actor=actor, member_key=member_key, again=again)
+        self._cleaning.add(run_id)
+        try:
+            report = await self.cleanup.run(run_id, actor=actor, member_key=member_key, again=again)
+        finally:
+            self._cleaning.discard(run_id)
         self._tell("cleanup", {"run_id": run_id, "status": report.status, "report": report.as_dict()})
         return report
 
@@ -416,13 +495,36 @@ class Engine:
             await self.store.next_step_due(),
             await self.store.next_lease_expiry(),
             await self.store.next_claim_expiry(),
+            await schedules.next_due(self),
         ):
             due = _earliest(due, candidate)
         return due
 
     async def run_forever(self) -> None:
-        """The worker: tick, then sleep until the next thing is due (or a poll interval)."""
+        """The worker: tick, then sleep until the next thing is due (or a poll interval).
+
+        It registers itself, heartbeats in the background while it lives (busy or idle),
+        and when stopped deregisters, giving back whatever it still holds.
+        """
+        await self.store.register_worker(
+            self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            concurrency=self.options.concurrency,
+            version=_version(),
+            now=self.clock.now(),
+        )
+        self._heart = asyncio.create_task(self._beat_forever())
         log.info("worker started", worker=self.worker_id)
+        try:
+            await self._work_forever()
+        finally:
+            self._heart.cancel()
+            self._heart = None
+            released = await self.store.deregister_worker(self.worker_id, self.clock.now())
+            log.info("worker stopped", worker=self.worker_id, released_steps=released[0], released_cleanups=released[1])
+
+    async def _work_forever(self) -> None:
         while not self._stopping.is_set():
             try:
                 due = await self.tick()
@@ -439,7 +541,6 @@ class Engine:
             await asyncio.wait([sleeper, stopper], return_when=asyncio.FIRST_COMPLETED)
             sleeper.cancel()
             stopper.cancel()
-        log.info("worker stopped", worker=self.worker_id)
 
     def stop(self) -> None:
         """Stop claiming; `run_forever` returns once in-flight steps have answered."""
@@ -485,6 +586,13 @@ class Engine:
                 "recorded": o.recorded,
             },
         )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("roadie")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
 
 
 def _settled(run: RunRow) -> bool:

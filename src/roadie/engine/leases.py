@@ -85,10 +85,15 @@ async def restore(registry: Registry, clock: Clock, row: ResourceRow) -> None:
     await maybe_await(lease.write_fn(_call(registry, lease, target, clock), row.payload["saved"]))
 
 
-async def sweep_expired(store: Store, registry: Registry, clock: Clock) -> int:
-    """Restore every lease past its `until`, even while its run goes on."""
+async def sweep_expired(store: Store, registry: Registry, clock: Clock, claim_ttl: float = 60.0) -> int:
+    """Restore every lease past its `until`, even while its run goes on.
+
+    Every worker sweeps; each row is claimed first, so one of them restores it.
+    """
     restored = 0
     for row in await store.expired_leases(clock.now()):
+        if not await store.claim_expired_lease(row.id, clock.now(), claim_ttl):
+            continue  # another worker is restoring it, or the run's cleanup will
         try:
             await restore(registry, clock, row)
         except Exception as exc:  # the sweeper must not stop on one bad lease

@@ -5,23 +5,39 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Insert, Table, event
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
+ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+asyncmy",
+    "mariadb": "mysql+asyncmy",
+}
+MYSQL_FAMILY = ("mysql", "mariadb")
 
 
 def async_url(url: str) -> str:
     """The URL an operator writes (`sqlite:///roadie.db`) as the async driver's URL."""
     parsed = make_url(url)
-    if "+" in parsed.drivername:
-        return url
-    driver = ASYNC_DRIVERS.get(parsed.get_backend_name())
-    return parsed.set(drivername=driver).render_as_string(hide_password=False) if driver else url
+    if "+" not in parsed.drivername:
+        driver = ASYNC_DRIVERS.get(parsed.get_backend_name())
+        if driver:
+            parsed = parsed.set(drivername=driver)
+    if parsed.get_backend_name() in MYSQL_FAMILY and "charset" not in parsed.query:
+        # Refs and messages are Unicode; the server's default may not be.
+        parsed = parsed.update_query_dict({"charset": "utf8mb4"})
+    return parsed.render_as_string(hide_password=False)
 
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    if make_url(url).get_backend_name() in MYSQL_FAMILY:
+        # InnoDB's default, REPEATABLE READ, takes gap locks on the unique indexes that
+        # insert-ignore relies on, and workers inserting side by side then wait on one
+        # another for seconds. Every transaction here is guarded by its own WHERE
+        # clauses, so read-committed is all it needs.
+        kwargs.setdefault("isolation_level", "READ COMMITTED")
     engine = create_async_engine(async_url(url), **kwargs)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
@@ -48,9 +64,35 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
 
 
 def insert_ignore(dialect_name: str, table: Table) -> Insert:
-    """An INSERT that skips rows violating a unique key, in each database's own words."""
+    """An INSERT that skips rows violating a unique key, in each database's own words.
+
+    MariaDB's `INSERT IGNORE` would also turn other errors (a NULL into a NOT NULL
+    column, a value too long) into warnings; `ON DUPLICATE KEY UPDATE id = id` skips only
+    the duplicates.
+    """
     if dialect_name == "sqlite":
         return sqlite.insert(table).on_conflict_do_nothing()
     if dialect_name == "postgresql":
         return postgresql.insert(table).on_conflict_do_nothing()
-    return table.insert().prefix_with("IGNORE")
+    # `id = id` leaves the existing row exactly as it was. (`id = VALUES(id)` would not:
+    # it moves the existing row to the new auto-increment id.)
+    return mysql.insert(table).on_duplicate_key_update({table.c.id.name: table.c.id})
+
+
+def is_transient(dialect_name: str, error: BaseException) -> bool:
+    """A deadlock or serialisation failure: the transaction can simply be run again."""
+    orig = getattr(error, "orig", error)
+    if dialect_name == "postgresql":
+        return getattr(orig, "sqlstate", None) in ("40001", "40P01")
+    if dialect_name in MYSQL_FAMILY:
+        # The driver's error carries MariaDB's code first: (1213, 'Deadlock found...').
+        code: Any = orig.args[0] if getattr(orig, "args", None) else None
+        while isinstance(code, tuple) and code:
+            code = code[0]
+        return code in (1213, 1205)
+    return False
+
+
+def returning_update(dialect_name: str) -> bool:
+    """Whether UPDATE ... RETURNING exists (SQLite, PostgreSQL; not MariaDB)."""
+    return dialect_name not in MYSQL_FAMILY

@@ -56,6 +56,18 @@ class RunRow:
     cleanup_started_at: datetime | None
     cleanup_ended_at: datetime | None
     cleanup_report: dict[str, Any] | None
+    schedule_key: str | None = None  # set on a run a schedule made: its occurrence
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """Where one event's schedule stands: its newest occurrence already made or skipped."""
+
+    id: int
+    event_id: str
+    last_occurrence: datetime
+    created_at: datetime
+    updated_at: datetime
 
 
 @dataclass(frozen=True)
@@ -116,3 +128,20 @@ class AuditRow:
     action: str
     subject: str
     detail: Any
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """A worker with what it holds now: running steps and cleanups claimed in its name."""
+
+    worker_id: str
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    stopped_at: datetime | None
+    concurrency: int
+    version: str
+    state: str  # a WorkerState
+    steps: int
+    cleanups: int

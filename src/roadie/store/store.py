@@ -10,6 +10,8 @@ each write transaction commits, and whatever it raises aborts that transaction.
 
 from __future__ import annotations
 
+import asyncio
+import random
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     func,
     or_,
     select,
@@ -39,12 +42,24 @@ from roadie.states import (
     Reversible,
     RunStatus,
     StepStatus,
+    WorkerState,
 )
 from roadie.store import dialects, migrate
-from roadie.store.rows import AuditRow, EventRow, ResourceRow, RunRow, StepRow, from_row
-from roadie.store.tables import LIVE_STATES, UTCDateTime, audit, events, run_resources, runs, steps
+from roadie.store.rows import AuditRow, EventRow, ResourceRow, RunRow, ScheduleRow, StepRow, WorkerRow, from_row
+from roadie.store.tables import (
+    LIVE_STATES,
+    UTCDateTime,
+    audit,
+    events,
+    run_resources,
+    runs,
+    schedules,
+    steps,
+    workers,
+)
 
 WritePoint = Callable[[str], None]
+TRANSIENT_ATTEMPTS = 8
 _CHUNK = 400  # bound on bind parameters per statement, well inside every database's limit
 
 
@@ -144,6 +159,7 @@ class Store:
         self.engine = engine
         self.dialect = engine.dialect.name
         self.write_point: WritePoint = write_point or (lambda name: None)
+        self.active = 0  # database calls under way, for callers (tests) that must know
 
     @classmethod
     async def open(cls, url: str, *, migrate_schema: bool = True, **kwargs: Any) -> Store:
@@ -164,22 +180,38 @@ class Store:
     # -- plumbing -------------------------------------------------------------------
 
     async def _write(self, name: str, work: Callable[[AsyncConnection], Any]) -> Any:
-        """Run `work` in one write transaction, passing the named write point before commit."""
-        try:
-            async with self.engine.connect() as conn:
-                async with conn.begin():
-                    result = await work(conn)
-                    self.write_point(name)
-                return result
-        except DBAPIError as exc:
-            raise StoreError(f"{name}: {exc.orig}") from exc
+        """Run `work` in one write transaction, passing the named write point before commit.
+
+        A deadlock or serialisation failure is the database asking for the transaction
+        again; it is run again, a few times, before it becomes a `StoreError`.
+        """
+        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+            try:
+                self.active += 1
+                async with self.engine.connect() as conn:
+                    async with conn.begin():
+                        result = await work(conn)
+                        self.write_point(name)
+                    return result
+            except DBAPIError as exc:
+                if attempt < TRANSIENT_ATTEMPTS and dialects.is_transient(self.dialect, exc):
+                    # Jittered, so that the workers that deadlocked do not meet again.
+                    await asyncio.sleep(random.uniform(0, 0.02 * attempt))
+                    continue
+                raise StoreError(f"{name}: {exc.orig}") from exc
+            finally:
+                self.active -= 1
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _read(self, work: Callable[[AsyncConnection], Any]) -> Any:
+        self.active += 1
         try:
             async with self.engine.connect() as conn:
                 return await work(conn)
         except DBAPIError as exc:
             raise StoreError(str(exc.orig)) from exc
+        finally:
+            self.active -= 1
 
     # -- events ---------------------------------------------------------------------
 
@@ -257,38 +289,51 @@ class Store:
         first_phase_due: datetime,
         actor: str,
         now: datetime,
-    ) -> RunRow:
-        async def work(conn: AsyncConnection) -> RunRow:
-            row = (
-                await conn.execute(
-                    runs.insert()
-                    .values(
-                        nonce=secrets.token_hex(6),
-                        event_id=event.event_id,
-                        event_version=event.version,
-                        title=event.title,
-                        definition=definition,
-                        params=params,
-                        status=RunStatus.PENDING.value,
-                        cleanup_policy=cleanup_policy,
-                        cleanup_status=CleanupStatus.NOT_REQUIRED.value,
-                        phase=0,
-                        materialised_phase=-1,
-                        phase_due_at=first_phase_due,
-                        cancel_requested=False,
-                        created_at=now,
-                        created_by=actor,
-                        cleanup_attempts=0,
-                    )
-                    .returning(*runs.c)
-                )
-            ).one()
-            await self._audit(
-                conn, now, actor, "run.start", f"run:{row.id}", {"event": event.event_id, "params": params}
+        schedule_key: str | None = None,
+    ) -> RunRow | None:
+        """Insert a run. With a `schedule_key` (one occurrence of a schedule) the database
+        keeps at most one run per key: when the key is taken, another worker made this
+        occurrence's run already, nothing is inserted, and the answer is None."""
+
+        nonce = secrets.token_hex(6)
+
+        async def work(conn: AsyncConnection) -> RunRow | None:
+            values = dict(
+                nonce=nonce,
+                event_id=event.event_id,
+                event_version=event.version,
+                title=event.title,
+                definition=definition,
+                params=params,
+                status=RunStatus.PENDING.value,
+                cleanup_policy=cleanup_policy,
+                cleanup_status=CleanupStatus.NOT_REQUIRED.value,
+                phase=0,
+                materialised_phase=-1,
+                phase_due_at=first_phase_due,
+                cancel_requested=False,
+                created_at=now,
+                created_by=actor,
+                cleanup_attempts=0,
+                schedule_key=schedule_key,
             )
+            if schedule_key is None:
+                row = (await conn.execute(runs.insert().values(**values).returning(*runs.c))).one()
+            else:
+                # The key's unique constraint decides; the nonce says whether this insert
+                # is the one that won. (No savepoint and no RETURNING on a conflict: both
+                # behave differently on each database.)
+                await conn.execute(dialects.insert_ignore(self.dialect, runs).values(**values))
+                row = (await conn.execute(select(runs).where(runs.c.schedule_key == schedule_key))).one()
+                if row.nonce != nonce:  # this occurrence's run exists: another worker made it
+                    return None
+            detail: dict[str, Any] = {"event": event.event_id, "params": params}
+            if schedule_key is not None:
+                detail["schedule_key"] = schedule_key
+            await self._audit(conn, now, actor, "run.start", f"run:{row.id}", detail)
             return from_row(RunRow, row)
 
-        result: RunRow = await self._write("create_run", work)
+        result: RunRow | None = await self._write("create_run", work)
         return result
 
     async def get_run(self, run_id: int) -> RunRow:
@@ -493,6 +538,68 @@ class Store:
             .values(status=StepStatus.SKIPPED.value, ended_at=now, error=why)
         )
 
+    # -- schedules ------------------------------------------------------------------
+
+    async def scheduled_events(self) -> list[tuple[EventRow, ScheduleRow | None]]:
+        """The newest version of each event that has a schedule or had one (it still has a
+        row here), with where its schedule stands: None when no worker has seen it yet."""
+        newest = select(events.c.event_id, func.max(events.c.version).label("v")).group_by(events.c.event_id).subquery()
+        query = (
+            select(events)
+            .join(newest, and_(events.c.event_id == newest.c.event_id, events.c.version == newest.c.v))
+            .order_by(events.c.event_id)
+        )
+
+        async def work(conn: AsyncConnection) -> list[tuple[EventRow, ScheduleRow | None]]:
+            standing = {r.event_id: from_row(ScheduleRow, r) for r in await conn.execute(select(schedules))}
+            found = []
+            for r in await conn.execute(query):
+                row = standing.get(r.event_id)
+                if row is not None or (r.definition or {}).get("schedule"):
+                    found.append((from_row(EventRow, r), row))
+            return found
+
+        result: list[tuple[EventRow, ScheduleRow | None]] = await self._read(work)
+        return result
+
+    async def start_schedule(self, event_id: str, start: datetime, now: datetime) -> ScheduleRow:
+        """Record a schedule first seen, counting its occurrences from after `start`. When
+        another worker recorded it first, its row stands and is answered."""
+        mine = schedules.c.event_id == event_id
+
+        async def work(conn: AsyncConnection) -> ScheduleRow:
+            insert = dialects.insert_ignore(self.dialect, schedules)
+            await conn.execute(insert.values(event_id=event_id, last_occurrence=start, created_at=now, updated_at=now))
+            row = (await conn.execute(select(schedules).where(mine))).one()
+            return from_row(ScheduleRow, row)
+
+        result: ScheduleRow = await self._write("start_schedule", work)
+        return result
+
+    async def advance_schedule(self, event_id: str, last_occurrence: datetime, now: datetime) -> bool:
+        """Mark every occurrence up to `last_occurrence` made or skipped. Never moves back:
+        a worker with an older view than another's changes nothing."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            changed = await conn.execute(
+                update(schedules)
+                .where(schedules.c.event_id == event_id, schedules.c.last_occurrence < last_occurrence)
+                .values(last_occurrence=last_occurrence, updated_at=now)
+            )
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("advance_schedule", work)
+        return result
+
+    async def forget_schedule(self, event_id: str) -> None:
+        """The event's newest version has no schedule: drop where it stood, so a schedule
+        added back later starts afresh instead of catching up on the time between."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(delete(schedules).where(schedules.c.event_id == event_id))
+
+        await self._write("forget_schedule", work)
+
     # -- the drain ------------------------------------------------------------------
 
     async def claim_steps(self, worker: str, now: datetime, limit: int, claim_ttl: float) -> list[Claimed]:
@@ -503,33 +610,50 @@ class Store:
         follows has its durable record (DESIGN §4 rules 1 and 3). A lease whose target
         another run holds is refused here, before the world is touched: its step fails.
         """
-        runnable = (
-            select(steps.c.id)
-            .join(runs, runs.c.id == steps.c.run_id)
-            .where(
-                steps.c.status == StepStatus.READY.value,
-                steps.c.not_before <= now,
-                runs.c.cancel_requested.is_(False),
-            )
-            .order_by(steps.c.not_before, steps.c.id)
-            .limit(limit)
-        )
+        values = {
+            "status": StepStatus.RUNNING.value,
+            "claimed_by": worker,
+            "claim_expires": now + timedelta(seconds=claim_ttl),
+            "attempts": steps.c.attempts + 1,
+            "started_at": func.coalesce(steps.c.started_at, now),
+        }
+        ready = [steps.c.status == StepStatus.READY.value, steps.c.not_before <= now]
+        order = (steps.c.not_before, steps.c.id)
 
         async def work(conn: AsyncConnection) -> list[Claimed]:
-            rows = (
-                await conn.execute(
-                    update(steps)
-                    .where(steps.c.id.in_(runnable.scalar_subquery()))
-                    .values(
-                        status=StepStatus.RUNNING.value,
-                        claimed_by=worker,
-                        claim_expires=now + timedelta(seconds=claim_ttl),
-                        attempts=steps.c.attempts + 1,
-                        started_at=func.coalesce(steps.c.started_at, now),
-                    )
-                    .returning(*steps.c)
+            if dialects.returning_update(self.dialect):
+                runnable = (
+                    select(steps.c.id)
+                    .join(runs, runs.c.id == steps.c.run_id)
+                    .where(*ready, runs.c.cancel_requested.is_(False))
+                    .order_by(*order)
+                    .limit(limit)
                 )
-            ).all()
+                if self.dialect == "postgresql":
+                    # Rows another worker is claiming are skipped, not waited for.
+                    runnable = runnable.with_for_update(skip_locked=True, of=steps)
+                statement = update(steps).where(steps.c.id.in_(runnable.scalar_subquery())).values(**values)
+                rows = (await conn.execute(statement.returning(*steps.c))).all()
+            else:
+                # MariaDB: no UPDATE ... RETURNING, and a locking read over a join would lock
+                # the run's row too, so that two workers could never share one run's steps.
+                stopped = [
+                    r.id
+                    for r in await conn.execute(
+                        select(runs.c.id).where(
+                            runs.c.cancel_requested.is_(True),
+                            runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]),
+                        )
+                    )
+                ]
+                query = select(steps.c.id).where(*ready).order_by(*order).limit(limit)
+                if stopped:
+                    query = query.where(steps.c.run_id.not_in(stopped))
+                ids = list((await conn.execute(query.with_for_update(skip_locked=True))).scalars())
+                if not ids:
+                    return []
+                await conn.execute(update(steps).where(steps.c.id.in_(ids)).values(**values))
+                rows = (await conn.execute(select(steps).where(steps.c.id.in_(ids)))).all()
             claimed = sorted((Claimed(from_row(StepRow, r)) for r in rows), key=lambda c: c.step.id)
             if claimed:
                 await self._reserve(conn, claimed, now)
@@ -786,6 +910,8 @@ class Store:
             params.append(
                 {
                     "b_id": o.step.id,
+                    "b_claimed_by": o.step.claimed_by,
+                    "b_attempt": o.step.attempts,
                     "b_status": o.status.value,
                     "b_output": o.output,
                     "b_error": o.error,
@@ -797,7 +923,14 @@ class Store:
             )
         statement = (
             update(steps)
-            .where(steps.c.id == bindparam("b_id"), steps.c.status == StepStatus.RUNNING.value)
+            .where(
+                steps.c.id == bindparam("b_id"),
+                steps.c.status == StepStatus.RUNNING.value,
+                # Only the claim that dispatched this attempt may end it: a worker whose
+                # claim expired and was taken over answers too late to count.
+                steps.c.claimed_by == bindparam("b_claimed_by"),
+                steps.c.attempts == bindparam("b_attempt"),
+            )
             .values(
                 status=bindparam("b_status"),
                 output=bindparam("b_output"),
@@ -820,40 +953,41 @@ class Store:
         """
 
         async def work(conn: AsyncConnection) -> int:
-            expired = and_(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires < now)
-            failed = (
+            query = select(
+                steps.c.id, steps.c.run_id, steps.c.on_error, steps.c.name, steps.c.attempts, steps.c.max_attempts
+            ).where(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires < now)
+            if self.dialect != "sqlite":
+                query = query.with_for_update(skip_locked=True)
+            expired = (await conn.execute(query)).all()
+            if not expired:
+                return 0
+            exhausted = [r for r in expired if r.attempts >= r.max_attempts]
+            retry = [r.id for r in expired if r.attempts < r.max_attempts]
+            lost = "the worker running its last attempt was lost"
+            if exhausted:
                 await conn.execute(
                     update(steps)
-                    .where(expired, steps.c.attempts >= steps.c.max_attempts)
+                    .where(steps.c.id.in_([r.id for r in exhausted]))
                     .values(
-                        status=StepStatus.FAILED.value,
-                        ended_at=now,
+                        status=StepStatus.FAILED.value, ended_at=now, claimed_by=None, claim_expires=None, error=lost
+                    )
+                )
+            for chunk in _chunks(retry):
+                await conn.execute(
+                    update(steps)
+                    .where(steps.c.id.in_(list(chunk)))
+                    .values(
+                        status=StepStatus.READY.value,
                         claimed_by=None,
                         claim_expires=None,
-                        error="the worker running its last attempt was lost",
+                        not_before=now,
+                        error="the worker running this step was lost; retried under the same key",
                     )
-                    .returning(steps.c.run_id, steps.c.on_error, steps.c.name)
                 )
-            ).all()
-            requeued = await conn.execute(
-                update(steps)
-                .where(expired)
-                .values(
-                    status=StepStatus.READY.value,
-                    claimed_by=None,
-                    claim_expires=None,
-                    not_before=now,
-                    error="the worker running this step was lost; retried under the same key",
-                )
-            )
-            fatal = {
-                r.run_id: f"step {r.name}: the worker running its last attempt was lost"
-                for r in failed
-                if r.on_error == "fail"
-            }
+            fatal = {r.run_id: f"step {r.name}: {lost}" for r in exhausted if r.on_error == "fail"}
             if fatal:
                 await self._fail_runs(conn, fatal, now)
-            return int(requeued.rowcount or 0) + len(failed)
+            return len(expired)
 
         result: int = await self._write("requeue_expired_claims", work)
         return result
@@ -1148,6 +1282,44 @@ class Store:
         result: list[ResourceRow] = await self._read(work)
         return result
 
+    async def claim_expired_lease(self, resource_id: int, now: datetime, ttl: float) -> bool:
+        """Take the restore of one expired lease, so that one worker restores it.
+
+        A guarded update: the row must still be live and untouched since it expired (or
+        since a claim `ttl` ago, whose worker died), and its run's cleanup must not be in
+        hands, since that cleanup restores it too. Taking it moves `updated_at` to now,
+        which is what a second sweeper holding the same read then fails to match. Without
+        this, a slow sweeper could give back a value after the target was freed and
+        borrowed again by another run, overwriting that run's value.
+        """
+        stale = now - timedelta(seconds=ttl)
+        cleaning = (
+            select(runs.c.id)
+            .where(
+                runs.c.id == run_resources.c.run_id,
+                runs.c.cleanup_claimed_by.is_not(None),
+                runs.c.cleanup_claim_expires >= now,
+            )
+            .exists()
+        )
+
+        async def work(conn: AsyncConnection) -> bool:
+            changed = await conn.execute(
+                update(run_resources)
+                .where(
+                    run_resources.c.id == resource_id,
+                    run_resources.c.state == ResourceState.LIVE.value,
+                    run_resources.c.until <= now,
+                    or_(run_resources.c.updated_at <= run_resources.c.until, run_resources.c.updated_at < stale),
+                    ~cleaning,
+                )
+                .values(updated_at=now)
+            )
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("claim_expired_lease", work)
+        return result
+
     async def next_lease_expiry(self) -> datetime | None:
         query = select(func.min(run_resources.c.until)).where(
             run_resources.c.kind == OVERRIDE_KIND, run_resources.c.state == ResourceState.LIVE.value
@@ -1197,6 +1369,187 @@ class Store:
             return from_row(ResourceRow, row)
 
         result: ResourceRow = await self._write("abandon_resource", work)
+        return result
+
+    # -- workers --------------------------------------------------------------------
+
+    async def register_worker(
+        self, worker_id: str, *, host: str, pid: int, concurrency: int, version: str, now: datetime
+    ) -> None:
+        """A worker says it has started. The same id registering again starts afresh."""
+        values: dict[str, Any] = {
+            "host": host[:200],
+            "pid": pid,
+            "started_at": now,
+            "heartbeat_at": now,
+            "stopped_at": None,
+            "concurrency": concurrency,
+            "version": version[:32],
+        }
+
+        async def work(conn: AsyncConnection) -> None:
+            known = (await conn.execute(select(workers.c.worker_id).where(workers.c.worker_id == worker_id))).first()
+            if known is None:
+                await conn.execute(workers.insert().values(worker_id=worker_id, **values))
+            else:
+                await conn.execute(update(workers).where(workers.c.worker_id == worker_id).values(**values))
+
+        await self._write("register_worker", work)
+
+    async def heartbeat_worker(
+        self,
+        worker_id: str,
+        now: datetime,
+        ttl: float,
+        *,
+        step_ids: Sequence[int] = (),
+        cleanup_run_ids: Sequence[int] = (),
+    ) -> set[int]:
+        """The worker's heartbeat: one transaction per interval, whatever it holds.
+
+        The worker is alive, and the steps it has in flight and the cleanups it is doing
+        are still its own: their claims now expire `ttl` from now. Only what the worker
+        names is extended, so a claim it made and then lost track of (the commit went
+        through, the answer did not) still expires and is taken over.
+
+        Answers which of `step_ids` it no longer holds: another worker took them over
+        after their claims expired, and their dispatches are to be abandoned, not recorded.
+        """
+        until = now + timedelta(seconds=ttl)
+        ids = sorted(set(step_ids))
+
+        async def work(conn: AsyncConnection) -> set[int]:
+            await conn.execute(
+                update(workers)
+                .where(workers.c.worker_id == worker_id, workers.c.stopped_at.is_(None))
+                .values(heartbeat_at=now)
+            )
+            held: set[int] = set()
+            for chunk in _chunks(ids):
+                await conn.execute(
+                    update(steps)
+                    .where(
+                        steps.c.id.in_(list(chunk)),
+                        steps.c.claimed_by == worker_id,
+                        steps.c.status == StepStatus.RUNNING.value,
+                    )
+                    .values(claim_expires=until)
+                )
+                held.update(
+                    int(r.id)
+                    for r in await conn.execute(
+                        select(steps.c.id).where(
+                            steps.c.id.in_(list(chunk)),
+                            steps.c.claimed_by == worker_id,
+                            steps.c.status == StepStatus.RUNNING.value,
+                        )
+                    )
+                )
+            if cleanup_run_ids:
+                await conn.execute(
+                    update(runs)
+                    .where(runs.c.id.in_(sorted(set(cleanup_run_ids))), runs.c.cleanup_claimed_by == worker_id)
+                    .values(cleanup_claim_expires=until)
+                )
+            return set(ids) - held
+
+        result: set[int] = await self._write("heartbeat_worker", work)
+        return result
+
+    async def deregister_worker(self, worker_id: str, now: datetime) -> tuple[int, int]:
+        """A worker stops cleanly: it is marked stopped, and gives back what it still holds.
+
+        By then its in-flight dispatches have answered (a graceful stop waits for them),
+        so a step still claimed in its name was never dispatched: it goes back to `ready`
+        without its attempt counting. Its cleanup claims are released for another worker.
+        Answers (steps released, cleanups released).
+        """
+
+        async def work(conn: AsyncConnection) -> tuple[int, int]:
+            await conn.execute(
+                update(workers).where(workers.c.worker_id == worker_id).values(stopped_at=now, heartbeat_at=now)
+            )
+            released = await conn.execute(
+                update(steps)
+                .where(steps.c.claimed_by == worker_id, steps.c.status == StepStatus.RUNNING.value)
+                .values(
+                    status=StepStatus.READY.value,
+                    claimed_by=None,
+                    claim_expires=None,
+                    not_before=now,
+                    attempts=case((steps.c.attempts > 0, steps.c.attempts - 1), else_=0),
+                )
+            )
+            cleanups = await conn.execute(
+                update(runs)
+                .where(runs.c.cleanup_claimed_by == worker_id)
+                .values(cleanup_claimed_by=None, cleanup_claim_expires=None)
+            )
+            return int(released.rowcount or 0), int(cleanups.rowcount or 0)
+
+        result: tuple[int, int] = await self._write("deregister_worker", work)
+        return result
+
+    async def list_workers(self, now: datetime, ttl: float, *, limit: int = 200) -> list[WorkerRow]:
+        """Workers, newest first, each alive, stopped or dead (no heartbeat for `ttl`), with
+        how many running steps and cleanups are claimed in its name."""
+        running = (
+            select(steps.c.claimed_by.label("worker"), func.count().label("n"))
+            .where(steps.c.status == StepStatus.RUNNING.value, steps.c.claimed_by.is_not(None))
+            .group_by(steps.c.claimed_by)
+            .subquery()
+        )
+        cleaning = (
+            select(runs.c.cleanup_claimed_by.label("worker"), func.count().label("n"))
+            .where(runs.c.cleanup_claimed_by.is_not(None))
+            .group_by(runs.c.cleanup_claimed_by)
+            .subquery()
+        )
+        query = (
+            select(
+                workers,
+                func.coalesce(running.c.n, 0).label("steps"),
+                func.coalesce(cleaning.c.n, 0).label("cleanups"),
+            )
+            .select_from(
+                workers.outerjoin(running, running.c.worker == workers.c.worker_id).outerjoin(
+                    cleaning, cleaning.c.worker == workers.c.worker_id
+                )
+            )
+            .order_by(workers.c.started_at.desc(), workers.c.worker_id)
+            .limit(limit)
+        )
+        fresh = now - timedelta(seconds=ttl)
+
+        async def work(conn: AsyncConnection) -> list[WorkerRow]:
+            found = []
+            for r in await conn.execute(query):
+                heartbeat = _aware(r.heartbeat_at)
+                assert heartbeat is not None
+                if r.stopped_at is not None:
+                    state = WorkerState.STOPPED
+                elif heartbeat >= fresh:
+                    state = WorkerState.ALIVE
+                else:
+                    state = WorkerState.DEAD
+                found.append(
+                    WorkerRow(
+                        worker_id=r.worker_id,
+                        host=r.host,
+                        pid=int(r.pid),
+                        started_at=r.started_at,
+                        heartbeat_at=heartbeat,
+                        stopped_at=r.stopped_at,
+                        concurrency=int(r.concurrency),
+                        version=r.version,
+                        state=state.value,
+                        steps=int(r.steps),
+                        cleanups=int(r.cleanups),
+                    )
+                )
+            return found
+
+        result: list[WorkerRow] = await self._read(work)
         return result
 
     # -- audit ----------------------------------------------------------------------

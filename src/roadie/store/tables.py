@@ -27,7 +27,12 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeDecorator
+
+# MariaDB's DATETIME keeps whole seconds unless told otherwise; backoff, claims and the
+# order of events need microseconds.
+PRECISE_DATETIME = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -35,6 +40,11 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     impl = DateTime
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime())
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -106,7 +116,11 @@ runs = Table(
     Column("cleanup_started_at", UTCDateTime, nullable=True),
     Column("cleanup_ended_at", UTCDateTime, nullable=True),
     Column("cleanup_report", JSON, nullable=True),
+    # One occurrence of a schedule makes one run, however many workers saw it due: the
+    # database refuses a second run with the same key (DESIGN §2).
+    Column("schedule_key", String(190), nullable=True),
     Index(None, "status"),
+    UniqueConstraint("schedule_key"),
 )
 
 steps = Table(
@@ -172,6 +186,8 @@ run_resources = Table(
         sqlite_where=text("state IN ('pending', 'live')"),
         postgresql_where=text("state IN ('pending', 'live')"),
     ),
+    # MariaDB has no partial indexes: there migration 0001 builds the same key from a
+    # generated column that is NULL for rows that no longer hold their target.
 )
 
 audit = Table(
@@ -184,4 +200,35 @@ audit = Table(
     Column("subject", String(200), nullable=False),
     Column("detail", JSON, nullable=True),
     Index(None, "subject"),
+)
+
+# Where each scheduled event's schedule stands: the newest occurrence already turned
+# into a run or skipped. A row is made when a worker first sees the schedule, starting
+# from the moment its event version was applied, so no backlog reaches back further.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(100), nullable=False),
+    Column("last_occurrence", UTCDateTime, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    UniqueConstraint("event_id"),
+)
+
+# Every worker process says here that it is alive (`heartbeat_at`) and when it stopped.
+# Claims are judged by their own expiry, not by this table: it is what an operator reads
+# (`roadie workers`), and where one heartbeat write per interval is anchored.
+workers = Table(
+    "workers",
+    metadata,
+    Column("worker_id", String(100), primary_key=True),
+    Column("host", String(200), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("heartbeat_at", UTCDateTime, nullable=False),
+    Column("stopped_at", UTCDateTime, nullable=True),
+    Column("concurrency", Integer, nullable=False),
+    Column("version", String(32), nullable=False),
+    Index(None, "heartbeat_at"),
 )

@@ -113,9 +113,10 @@ def _objects(kind_of: str, serials: list[str], kind: str, region: str) -> Answer
 async def spawn(call: Call[SpawnParams]) -> Answer:
     """Spawn creatures in a region; each is tagged with the step's key."""
     world = _world(call.state)
-    await world.pace()
     p = call.params
-    serials = world.spawn(call.idempotency_key, p.kind, p.region, p.count)
+    async with world.dispatching(call.idempotency_key, "spawn"):
+        await world.pace()
+        serials = world.spawn(call.idempotency_key, p.kind, p.region, p.count)
     return _objects("creature", serials, p.kind, p.region)
 
 
@@ -123,9 +124,10 @@ async def spawn(call: Call[SpawnParams]) -> Answer:
 async def place_item(call: Call[PlaceParams]) -> Answer:
     """Place items in a region; each is tagged with the step's key."""
     world = _world(call.state)
-    await world.pace()
     p = call.params
-    serials = world.place_item(call.idempotency_key, p.kind, p.region, p.count)
+    async with world.dispatching(call.idempotency_key, "place_item"):
+        await world.pace()
+        serials = world.place_item(call.idempotency_key, p.kind, p.region, p.count)
     return _objects("item", serials, p.kind, p.region)
 
 
@@ -158,8 +160,9 @@ place_item.revert(_revert)
 async def broadcast(call: Call[BroadcastParams]) -> Answer:
     """Say a message to a region, or to everyone."""
     world = _world(call.state)
-    await world.pace()
-    broadcast_id = world.broadcast(call.idempotency_key, call.params.message, call.params.region)
+    async with world.dispatching(call.idempotency_key, "broadcast"):
+        await world.pace()
+        broadcast_id = world.broadcast(call.idempotency_key, call.params.message, call.params.region)
     return Answer(output={"id": broadcast_id})
 
 
@@ -167,9 +170,11 @@ async def broadcast(call: Call[BroadcastParams]) -> Answer:
 async def buff(call: Call[BuffParams]) -> Answer:
     """Put a buff on a region; it expires by itself."""
     world = _world(call.state)
-    await world.pace()
     p = call.params
-    return Answer(output=world.buff(call.idempotency_key, p.name, p.region, p.duration))
+    async with world.dispatching(call.idempotency_key, "buff"):
+        await world.pace()
+        answer = world.buff(call.idempotency_key, p.name, p.region, p.duration)
+    return Answer(output=answer)
 
 
 def _region(call: LeaseCall) -> str:

@@ -26,11 +26,12 @@ and stay reproducible.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -116,6 +117,14 @@ CREATE TABLE IF NOT EXISTS effects (
     at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS effects_by_key ON effects (key, op, kind, idx);
+CREATE TABLE IF NOT EXISTS dispatches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    op TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started REAL NOT NULL,
+    ended REAL
+);
 CREATE TABLE IF NOT EXISTS faults (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL CHECK (kind IN ('fail', 'lose', 'crash', 'fail_revert')),
@@ -618,6 +627,12 @@ class SandboxWorld:
 
     # -- the world's own doings (no key, no knobs) ---------------------------------------
 
+    def add_region(self, name: str, weather: str = "clear") -> None:
+        """Open a new region, as a world's admin would (a test wanting more lease targets
+        than the five seeded regions). A region that exists is left as it is."""
+        with self._transaction() as db:
+            db.execute("INSERT OR IGNORE INTO regions (name, weather) VALUES (?, ?)", (name, weather))
+
     def destroy(self, serial: str) -> bool:
         """Remove creature or item `serial` whatever its tag, as a player killing a creature
         or a world rollback would. True when something was there."""
@@ -705,6 +720,53 @@ class SandboxWorld:
             self._effect(db, None, "set", "setting", name)
 
         self._call(f"{name}.write", body)
+
+    # -- the dispatch log ----------------------------------------------------------------
+
+    def enable_dispatch_log(self, on: bool = True) -> None:
+        """Record, from now on, when each action call began and ended and in which process.
+
+        Off by default. The flag is a row in the file, so every process serving it logs;
+        the multi-process tests read the log to prove no key was in two calls at once.
+        """
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO meta (name, value) VALUES ('dispatch_log', ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                ("1" if on else "0",),
+            )
+
+    @asynccontextmanager
+    async def dispatching(self, key: str, op: str) -> AsyncIterator[None]:
+        """Wrap one action call (its pacing delay included) in the dispatch log, when on.
+
+        A call cut short (cancelled, raised) still gets its end; a process killed inside
+        the call leaves it open, and its kill time is its end.
+        """
+        with self._transaction() as db:
+            row = db.execute("SELECT value FROM meta WHERE name = 'dispatch_log'").fetchone()
+            entry: int | None = None
+            if row is not None and row[0] == "1":
+                cursor = db.execute(
+                    "INSERT INTO dispatches (key, op, pid, started) VALUES (?, ?, ?, ?)",
+                    (key, op, os.getpid(), self.clock.now().timestamp()),
+                )
+                entry = cursor.lastrowid
+        try:
+            yield
+        finally:
+            if entry is not None:
+                with self._transaction() as db:
+                    db.execute("UPDATE dispatches SET ended = ? WHERE id = ?", (self.clock.now().timestamp(), entry))
+
+    def dispatches(self) -> list[dict[str, Any]]:
+        """The dispatch log, oldest first: `{"id", "key", "op", "pid", "started", "ended"}`
+        with times as POSIX seconds on the world's clock; `ended` is None for a call whose
+        process died inside it."""
+        with self._transaction() as db:
+            rows = db.execute("SELECT id, key, op, pid, started, ended FROM dispatches ORDER BY id").fetchall()
+        names = ("id", "key", "op", "pid", "started", "ended")
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     # -- readers -----------------------------------------------------------------------
 
