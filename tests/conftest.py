@@ -61,12 +61,15 @@ class WritePoints:
     def __init__(self) -> None:
         self.armed: dict[str, list[int]] = {}  # name -> [commits to let through, crashes left]
         self.hits: list[str] = []
+        self.extra: Callable[[str], None] | None = None  # another fault, called at every write point
 
     def arm(self, name: str, times: int = 1, *, skip: int = 0) -> None:
         self.armed[name] = [skip, times]
 
     def __call__(self, name: str) -> None:
         self.hits.append(name)
+        if self.extra is not None:
+            self.extra(name)
         plan = self.armed.get(name)
         if plan is None or plan[1] == 0:
             return

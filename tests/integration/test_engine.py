@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import Crash, Harness
 
 from roadie.engine import Engine, EngineOptions
+from roadie.errors import StoreError
 
 
 def probe_event(steps: str, *, duration: str = "0s", cleanup: str = "auto", event_id: str = "engine") -> str:
@@ -314,6 +315,39 @@ phases:
         creates = [e for e in harness.world.effects() if e["op"] == "create"]
         assert len(creates) == 3
         assert harness.world.snapshot() == before
+
+    harness.run(body)
+
+
+def test_answers_whose_recording_failed_are_recorded_again_not_redispatched(harness: Harness) -> None:
+    """When the database refuses the batch of answers (it is restarting, say), the worker
+    keeps the answers and records them again: the step is dispatched once, not retried
+    after its claim expires."""
+    failures = {"left": 2}
+
+    def flaky_database(name: str) -> None:
+        if name == "record_outcomes" and failures["left"]:
+            failures["left"] -= 1
+            raise StoreError("record_outcomes: the server is restarting")
+
+    harness.write_points.extra = flaky_database
+
+    async def body() -> None:
+        run = await harness.start(
+            probe_event("""
+  - name: only
+    steps:
+      - action: probe.make
+        name: once
+        with: {answer: [{kind: thing, ref: t1}]}
+""")
+        )
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "once")
+        assert (run.status, step.status, step.attempts) == ("succeeded", "succeeded", 1)
+        assert len(harness.probe.calls) == 1
+        assert failures["left"] == 0
+        assert [r.state for r in await harness.resources(run, "thing")] == ["reverted"]
 
     harness.run(body)
 

@@ -125,14 +125,17 @@ def init(database_url: str | None = DatabaseOption, config: str | None = ConfigO
 @app.command()
 def worker(
     concurrency: int | None = typer.Option(
-        None, "--concurrency", min=1, help="Steps dispatched at once (default: [engine] concurrency, or 32)."
+        None,
+        "--concurrency",
+        min=1,
+        help="Steps dispatched at once (default: engine.concurrency in roadie.toml, or 32).",
     ),
     claim_ttl: float | None = typer.Option(
         None,
         "--claim-ttl",
         min=1.0,
         help="Seconds a claim lives without a heartbeat; a dead worker's work is taken over after this "
-        "(default: [engine] claim_ttl, or 60).",
+        "(default: engine.claim_ttl in roadie.toml, or 60).",
     ),
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,

@@ -52,6 +52,7 @@ from roadie.store.rows import EventRow, RunRow, StepRow
 log = structlog.get_logger(__name__)
 
 Observer = Callable[[str, dict[str, Any]], None]
+RECORD_ATTEMPTS = 20  # consecutive failures to record a batch before the tick gives up
 T = TypeVar("T")
 
 
@@ -273,6 +274,8 @@ class Engine:
         worked = False
         refill = max(1, self.options.concurrency // 4)
         may_have_moved = True  # whether a run may have a phase to begin or an end to reach
+        unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
+        failures = 0
         try:
             while True:
                 free = self.options.concurrency - len(inflight)
@@ -304,27 +307,41 @@ class Engine:
                             moved = False
                         if moved:
                             continue
-                if not inflight:
+                if not inflight and not unrecorded:
                     if claimed:
                         continue
                     return worked
-                if heartbeat is None or heartbeat.done():
-                    heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
-                await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
-                # Let dispatches that are about to finish do so, and take them all at once.
-                await asyncio.sleep(0)
-                if heartbeat.done() and self._heart is None:
-                    # Without run_forever's background heartbeat (settle, tests), the
-                    # drain beats for what it holds.
-                    await self.heartbeat()
-                if self._lost:
-                    self._abandon_lost(inflight)
+                if inflight:
+                    if heartbeat is None or heartbeat.done():
+                        heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
+                    await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
+                    # Let dispatches that are about to finish do so, and take them all at once.
+                    await asyncio.sleep(0)
+                    if heartbeat.done() and self._heart is None:
+                        # Without run_forever's background heartbeat (settle, tests), the
+                        # drain beats for what it holds.
+                        await self.heartbeat()
+                    if self._lost:
+                        self._abandon_lost(inflight)
                 finished = [t for t in inflight if t.done()]
-                if finished:
-                    outcomes: list[Outcome] = [t.result() for t in finished]
-                    for t in finished:
-                        self._inflight_ids.pop(inflight.pop(t).step.id, None)
-                    await self.store.record_outcomes(outcomes)
+                outcomes: list[Outcome] = [*unrecorded, *(t.result() for t in finished)]
+                for t in finished:
+                    self._inflight_ids.pop(inflight.pop(t).step.id, None)
+                if outcomes:
+                    try:
+                        await self.store.record_outcomes(outcomes)
+                    except StoreError as exc:
+                        # The answers are in hand and the world has been written: keep them
+                        # and record them again, rather than let their claims expire and
+                        # the steps run a second time.
+                        failures += 1
+                        if failures >= RECORD_ATTEMPTS:
+                            raise
+                        log.warning("recording answers failed; trying again", error=exc.message, steps=len(outcomes))
+                        unrecorded = outcomes
+                        await asyncio.sleep(0.05 * failures)
+                        continue
+                    unrecorded, failures = [], 0
                     for o in outcomes:
                         self._tell_outcome(o)
                     if any(o.status is not StepStatus.READY for o in outcomes):

@@ -514,14 +514,6 @@ class Store:
         result: list[RunRow] = await self._read(work)
         return result
 
-    async def fail_run(self, run_id: int, error: str, now: datetime) -> None:
-        """Stop a run's new dispatches because it cannot go on; it ends failed."""
-
-        async def work(conn: AsyncConnection) -> None:
-            await self._fail_runs(conn, {run_id: error}, now)
-
-        await self._write("fail_run", work)
-
     async def _fail_runs(self, conn: AsyncConnection, errors: dict[int, str], now: datetime) -> None:
         for run_id, error in errors.items():
             await conn.execute(
@@ -1032,35 +1024,6 @@ class Store:
         result: list[StepRow] = await self._read(work)
         return result
 
-    async def extend_step_claims(self, worker: str, step_ids: list[int], now: datetime, ttl: float) -> None:
-        """The worker's heartbeat: it is alive and still holds these steps."""
-        if not step_ids:
-            return
-
-        async def work(conn: AsyncConnection) -> None:
-            for chunk in _chunks(step_ids):
-                await conn.execute(
-                    update(steps)
-                    .where(
-                        steps.c.id.in_(list(chunk)),
-                        steps.c.claimed_by == worker,
-                        steps.c.status == StepStatus.RUNNING.value,
-                    )
-                    .values(claim_expires=now + timedelta(seconds=ttl))
-                )
-
-        await self._write("extend_step_claims", work)
-
-    async def get_step_by_key(self, idempotency_key: str) -> StepRow:
-        async def work(conn: AsyncConnection) -> StepRow:
-            row = (await conn.execute(select(steps).where(steps.c.idempotency_key == idempotency_key))).first()
-            if row is None:
-                raise NotFound(f"no step with key {idempotency_key!r}")
-            return from_row(StepRow, row)
-
-        result: StepRow = await self._read(work)
-        return result
-
     async def record_late_resources(self, step: StepRow, resources: list[NewResource], now: datetime) -> Outcome:
         """Resources a step's effect made by itself, reported after the step answered."""
         outcome = Outcome(step=step, status=StepStatus(step.status), at=now, resources=resources)
@@ -1232,16 +1195,6 @@ class Store:
             await self._audit(conn, now, actor, "cleanup", f"run:{run_id}", summary)
 
         await self._write("finish_cleanup", work)
-
-    async def release_cleanup(self, run_id: int, worker: str) -> None:
-        async def work(conn: AsyncConnection) -> None:
-            await conn.execute(
-                update(runs)
-                .where(runs.c.id == run_id, runs.c.cleanup_claimed_by == worker)
-                .values(cleanup_claimed_by=None, cleanup_claim_expires=None)
-            )
-
-        await self._write("release_cleanup", work)
 
     async def runs_due_cleanup(self, now: datetime) -> list[int]:
         """Ended runs with `auto` cleanup that are dirty and not being cleaned by anyone."""
@@ -1558,12 +1511,6 @@ class Store:
         self, conn: AsyncConnection, now: datetime, actor: str, action: str, subject: str, detail: Any
     ) -> None:
         await conn.execute(audit.insert().values(at=now, actor=actor, action=action, subject=subject, detail=detail))
-
-    async def write_audit(self, actor: str, action: str, subject: str, detail: Any, now: datetime) -> None:
-        async def work(conn: AsyncConnection) -> None:
-            await self._audit(conn, now, actor, action, subject, detail)
-
-        await self._write("write_audit", work)
 
     async def list_audit(self, subject: str | None = None, limit: int = 100) -> list[AuditRow]:
         query = select(audit).order_by(audit.c.id.desc()).limit(limit)
