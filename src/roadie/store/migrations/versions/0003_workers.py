@@ -18,6 +18,11 @@ branch_labels = None
 depends_on = None
 
 
+def _mysql() -> bool:
+    # MariaDB's primary key is always called PRIMARY, and it warns about any other name.
+    return op.get_bind().dialect.name in ("mysql", "mariadb")
+
+
 def upgrade() -> None:
     op.create_table(
         "workers",
@@ -29,7 +34,7 @@ def upgrade() -> None:
         sa.Column("stopped_at", PRECISE_DATETIME, nullable=True),
         sa.Column("concurrency", sa.Integer(), nullable=False),
         sa.Column("version", sa.String(length=32), nullable=False),
-        sa.PrimaryKeyConstraint("worker_id", name=op.f("pk_workers")),
+        sa.PrimaryKeyConstraint("worker_id", name=None if _mysql() else op.f("pk_workers")),
     )
     with op.batch_alter_table("workers", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_workers_heartbeat_at"), ["heartbeat_at"], unique=False)
