@@ -246,6 +246,10 @@ class Harness:
         self._store.write_point = self.write_points
         self._engine = Engine(self._store, self.registry, clock=self.clock, options=self.options)
 
+    def store_writes(self, name: str) -> int:
+        """How many write transactions named `name` reached their commit so far."""
+        return self.write_points.hits.count(name)
+
     async def peek(self, *columns: Any) -> list[tuple[Any, ...]]:
         """`columns` of every ledger row, read through a connection of its own, as another
         process would see the database at this moment."""

@@ -155,6 +155,27 @@ def test_a_target_held_by_another_run_is_a_rejection_naming_it(harness: Harness)
     harness.run(body)
 
 
+def test_two_runs_reporting_one_target_in_the_same_batch_make_one_row(harness: Harness) -> None:
+    """Rule 2 within one batch of answers: two runs' steps answered together with the same
+    target make one live row; the other step gets a rejection naming the run that holds it."""
+    event = one_step({"answer": [THING]}, cleanup="manual")
+
+    async def body() -> None:
+        first = await harness.start(event)
+        second = await harness.start(event)
+        await harness.settle(first, second)
+        steps = [await harness.step(run, "make") for run in (first, second)]
+        assert harness.store_writes("record_outcomes") == 1, "both answers were recorded in one batch"
+        held = [r for run in (first, second) for r in await harness.resources(run, "thing")]
+        assert [r.state for r in held] == ["live"]
+        holder = held[0].run_id
+        loser = next(s for s in steps if s.run_id != holder)
+        assert loser.rejections == [f"thing 'thing-1' is already held by run {holder}"]
+        assert all(s.status == "succeeded" for s in steps)
+
+    harness.run(body)
+
+
 MALFORMED = [
     pytest.param("a string", "reported a resource that is not an object", id="not-an-object"),
     pytest.param(["kind", "ref"], "reported a resource that is not an object", id="a-list"),

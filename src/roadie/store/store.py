@@ -100,7 +100,8 @@ class NewResource:
 
 @dataclass
 class Claimed:
-    """A claimed step, with the ledger row reserved for it before dispatch (if any)."""
+    """A claimed step. Its ledger row (placeholder or lease) is reserved before dispatch;
+    `reserved_id` names the lease row, which the borrow writes its saved value into."""
 
     step: StepRow
     reserved_id: int | None = None
@@ -693,12 +694,13 @@ class Store:
             if key not in seen:
                 seen.add(key)
                 unique_inserts.append(row)
-        for chunk in _chunks(unique_inserts, 40):
-            await conn.execute(dialects.insert_ignore(self.dialect, run_resources), list(chunk))
-        holders = await self._live_holders(conn, list(wanted))
+        await conn.execute(dialects.insert_ignore(self.dialect, run_resources), unique_inserts)
+        # A placeholder's ref is its step's own key, so only that step's earlier attempt can
+        # hold it: nothing to look up. A lease's target may be held by anyone.
+        holders = await self._live_holders(conn, [t for t in wanted if t[1] == OVERRIDE_KIND])
         refused: dict[int, str] = {}
-        dirty: set[int] = set()
-        for target, c in ((t, c) for t, cs in wanted.items() for c in cs):
+        dirty: set[int] = {c.step.run_id for t, cs in wanted.items() if t[1] == STEP_KIND for c in cs}
+        for target, c in ((t, c) for t, cs in wanted.items() if t[1] == OVERRIDE_KIND for c in cs):
             holder = holders.get(target)
             if holder is None:  # pragma: no cover - the insert above guarantees a live row
                 continue
@@ -870,16 +872,28 @@ class Store:
                 )
         if not rows:
             return
-        for chunk in _chunks(rows, 40):
-            await conn.execute(dialects.insert_ignore(self.dialect, run_resources), list(chunk))
-        holders = await self._live_holders(conn, [(r["owner"], r["kind"], r["ref"]) for r in rows])
+        targets = [(r["owner"], r["kind"], r["ref"]) for r in rows]
+        statement = dialects.insert_ignore(self.dialect, run_resources)
+        if dialects.returning_update(self.dialect):
+            # The rows that went in are this batch's; only the targets refused by the key
+            # need a look at who holds them.
+            cols = run_resources.c
+            returned = await conn.execute(statement.returning(cols.owner, cols.kind, cols.ref, cols.run_id), rows)
+            inserted = {(r.owner, r.kind, r.ref): int(r.run_id) for r in returned}
+        else:
+            await conn.execute(statement, rows)
+            inserted = {}
+        holders = await self._live_holders(conn, [t for t in targets if t not in inserted])
         dirty = set()
         for o in outcomes:
             for r in o.resources:
-                holder = holders.get((o.step.owner, r.kind, r.ref))
-                if holder is not None and holder.run_id != o.step.run_id:
-                    o.rejections.append(f"{r.kind} {r.ref!r} is already held by run {holder.run_id}")
-                elif holder is not None:
+                target = (o.step.owner, r.kind, r.ref)
+                holder_run = inserted.get(target)
+                if holder_run is None and target in holders:
+                    holder_run = holders[target].run_id
+                if holder_run is not None and holder_run != o.step.run_id:
+                    o.rejections.append(f"{r.kind} {r.ref!r} is already held by run {holder_run}")
+                elif holder_run is not None:
                     o.recorded += 1
                     dirty.add(o.step.run_id)
         await self._mark_dirty(conn, dirty)
