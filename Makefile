@@ -27,6 +27,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/workers.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/cleanup_scaling.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/commit_limit.py --write docs/benchmarks.md
+	$(BIN)/python -m pip install --quiet -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache
