@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from tests.conftest import Harness
 
+import roadie.engine.cleanup as cleanup_module
 from roadie.errors import InvalidState
 
 
@@ -50,6 +51,22 @@ def test_cleanup_undoes_newest_first(harness: Harness) -> None:
         await harness.settle(run)
         order = [[r.ref for r in call.resources] for call in harness.probe.reverts]
         assert order == [["c3", "c2", "c1"], ["b1"], ["a2", "a1"]]
+
+    harness.run(body)
+
+
+def test_cleanup_pages_through_a_run_in_bounded_pages(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pages of at most 3 rows (and 2 steps), a run of 7 resources in 4 steps is
+    cleaned up over several pages, still newest first, one call per step, completely."""
+    monkeypatch.setattr(cleanup_module, "PAGE_ROWS", 3)
+    monkeypatch.setattr(cleanup_module, "PAGE_STEPS", 2)
+
+    async def body() -> None:
+        run = await harness.start(phases(things("a1", "a2"), things("b1"), things("c1", "c2", "c3"), things("d1")))
+        [run] = await harness.settle(run)
+        order = [[r.ref for r in call.resources] for call in harness.probe.reverts]
+        assert order == [["d1"], ["c3", "c2", "c1"], ["b1"], ["a2", "a1"]]
+        assert run.cleanup_status == "complete"
 
     harness.run(body)
 

@@ -20,12 +20,13 @@ from roadie.engine import leases
 from roadie.errors import InvalidState, RoadieError, UnknownAction
 from roadie.registry import Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
-from roadie.states import OVERRIDE_KIND, STEP_KIND, CleanupStatus, RunStatus
+from roadie.states import OVERRIDE_KIND, STEP_KIND, CleanupStatus, ResourceState, RunStatus
 from roadie.store import Store
 from roadie.store.rows import ResourceRow, StepRow
 
 log = structlog.get_logger(__name__)
 PAGE_STEPS = 200
+PAGE_ROWS = 5000
 REVERT_BATCH = 1000  # resources per revert call; a step with more is reverted in slices
 
 
@@ -69,12 +70,24 @@ class Cleanup:
     async def _pages(
         self, run_id: int, member_key: str | None
     ) -> AsyncIterator[tuple[dict[int, StepRow], list[tuple[int | None, list[ResourceRow]]]]]:
-        """Yield (steps by id, [(step id, rows newest first)]) a page of steps at a time."""
+        """Yield (steps by id, [(step id, rows newest first)]) a page at a time.
+
+        A page is as many steps as fit in `PAGE_ROWS` live rows (at least one step: a
+        step's rows are reverted together), so memory stays bounded by the page, not by
+        the run.
+        """
         before: int | None = None
         while True:
-            groups = await self.store.live_step_groups(run_id, member_key=member_key, before=before, limit=PAGE_STEPS)
-            if not groups:
+            found = await self.store.live_step_groups(run_id, member_key=member_key, before=before, limit=PAGE_STEPS)
+            if not found:
                 return
+            groups: list[tuple[int | None, int, int]] = []
+            rows_in_page = 0
+            for group in found:
+                if groups and rows_in_page + group[2] > PAGE_ROWS:
+                    break
+                groups.append(group)
+                rows_in_page += group[2]
             before = groups[-1][1]
             step_ids = [g[0] for g in groups]
             rows = await self.store.live_rows_of_steps(run_id, step_ids, member_key=member_key)
@@ -164,13 +177,12 @@ class Cleanup:
                 for call in self._calls_for(step, rows):
                     await self._carry_out(run_id, step, call, rows, report)
             await self.store.extend_cleanup_claim(run_id, self.worker, self.clock.now(), self.claim_ttl)
-        remaining = await self.store.list_resources(run_id, live_only=True)
-        if scoped:
-            remaining = [r for r in remaining if r.member_key == member_key]
+        # Counted and filtered by the database: a run of a hundred thousand rows is not
+        # read back whole to say how its cleanup ended.
+        remaining = await self.store.count_live_resources(run_id, member_key=member_key)
         report.forgotten = [
             {"resource": r.id, "kind": r.kind, "ref": r.ref, "why": r.error}
-            for r in await self.store.list_resources(run_id)
-            if r.state == "abandoned"
+            for r in await self.store.list_resources(run_id, state=ResourceState.ABANDONED)
         ]
         status = CleanupStatus.COMPLETE if not remaining else CleanupStatus.INCOMPLETE
         report.status = status.value
@@ -208,7 +220,8 @@ class Cleanup:
             report.errors.extend({"resource": i, "step": call.step, "error": message} for i in call.row_ids)
             log.warning("revert failed", run_id=run_id, step=call.step, error=message)
             return
-        by_target = {(r.kind, r.ref): r.id for r in rows if r.id in call.row_ids}
+        ids = set(call.row_ids)
+        by_target = {(r.kind, r.ref): r.id for r in rows if r.id in ids}
         failed_ids = {by_target[(f.kind, f.ref)]: f.message for f in failures if (f.kind, f.ref) in by_target}
         await self.store.mark_reverted([i for i in call.row_ids if i not in failed_ids], now())
         await self.store.mark_revert_failed(failed_ids, now())

@@ -1050,10 +1050,14 @@ class Store:
 
     # -- the ledger, read half --------------------------------------------------------
 
-    async def list_resources(self, run_id: int, *, live_only: bool = False) -> list[ResourceRow]:
+    async def list_resources(
+        self, run_id: int, *, live_only: bool = False, state: ResourceState | None = None
+    ) -> list[ResourceRow]:
         query = select(run_resources).where(run_resources.c.run_id == run_id).order_by(run_resources.c.id)
         if live_only:
             query = query.where(run_resources.c.state.in_(LIVE_STATES))
+        if state is not None:
+            query = query.where(run_resources.c.state == state.value)
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
             return [from_row(ResourceRow, r) for r in await conn.execute(query)]
@@ -1061,13 +1065,24 @@ class Store:
         result: list[ResourceRow] = await self._read(work)
         return result
 
+    async def count_live_resources(self, run_id: int, *, member_key: str | None = None) -> int:
+        query = select(func.count()).where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES))
+        if member_key is not None:
+            query = query.where(run_resources.c.member_key == member_key)
+
+        async def work(conn: AsyncConnection) -> int:
+            return int((await conn.execute(query)).scalar() or 0)
+
+        result: int = await self._read(work)
+        return result
+
     async def live_step_groups(
         self, run_id: int, *, member_key: str | None, before: int | None, limit: int
-    ) -> list[tuple[int | None, int]]:
-        """(step id, newest row id) of the steps with live rows, newest first, one page."""
+    ) -> list[tuple[int | None, int, int]]:
+        """(step id, newest row id, live rows) of the steps with live rows, newest first."""
         newest = func.max(run_resources.c.id).label("newest")
         query = (
-            select(run_resources.c.step_id, newest)
+            select(run_resources.c.step_id, newest, func.count().label("rows"))
             .where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES))
             .group_by(run_resources.c.step_id)
             .order_by(newest.desc())
@@ -1078,10 +1093,10 @@ class Store:
         if before is not None:
             query = query.having(func.max(run_resources.c.id) < before)
 
-        async def work(conn: AsyncConnection) -> list[tuple[int | None, int]]:
-            return [(r.step_id, int(r.newest)) for r in await conn.execute(query)]
+        async def work(conn: AsyncConnection) -> list[tuple[int | None, int, int]]:
+            return [(r.step_id, int(r.newest), int(r.rows)) for r in await conn.execute(query)]
 
-        result: list[tuple[int | None, int]] = await self._read(work)
+        result: list[tuple[int | None, int, int]] = await self._read(work)
         return result
 
     async def live_rows_of_steps(

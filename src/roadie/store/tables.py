@@ -177,6 +177,7 @@ run_resources = Table(
     Column("error", Text, nullable=True),
     Index(None, "run_id", "state"),
     Index(None, "state", "kind", "until"),
+    Index(None, "step_id", "state"),
     Index(
         "uq_run_resources_live_target",
         "owner",
