@@ -27,7 +27,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/workers.py --write docs/benchmarks.md
-	$(BIN)/python benchmarks/cleanup_scaling.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/cleanup_scaling.py --postgresql postgresql://postgres@127.0.0.1:5432/test --write docs/benchmarks.md
 	$(BIN)/python benchmarks/commit_limit.py --write docs/benchmarks.md
 	$(BIN)/python -m pip install --quiet -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
