@@ -40,14 +40,9 @@ import structlog
 from report import write_section
 from sqlalchemy import Column, Insert, Integer, MetaData, String, Table, Update, bindparam, event, insert, update
 from sqlalchemy.ext.asyncio import AsyncConnection
-from throughput import bench
+from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
 
-from roadie.clock import FakeClock
-from roadie.definitions import EventDefinition
-from roadie.engine import Engine, EngineOptions
-from roadie.modules import core
-from roadie.registry import Registry
 from roadie.store import Store
 from roadie.store.dialects import create_engine
 
@@ -121,23 +116,8 @@ def _instrument(store: Store, census: Census) -> None:
 
 
 async def _roadie(url: str, steps: int, concurrency: int) -> tuple[float, Census]:
-    clock = FakeClock()
-    registry = Registry(clock)
-    registry.register(core.module)
-    registry.register(bench)
-    store = await Store.open(url)
+    store, engine, event_row = await open_bench(url, "ledger", steps, concurrency)
     try:
-        engine = Engine(store, registry, clock=clock, options=EngineOptions(concurrency=concurrency))
-        definition = EventDefinition.model_validate(
-            {
-                "id": "bench-ledger",
-                "cleanup": "manual",
-                "phases": [{"name": "all", "steps": [{"action": "bench.ledger"}] * steps}],
-            }
-        )
-        event_row = await store.create_event_version(
-            definition.id, "", definition.model_dump(mode="json", by_alias=True), "", "bench", clock.now()
-        )
         run_id = (await engine.start_run(event_row, {})).id
         census = Census()
         _instrument(store, census)

@@ -32,15 +32,9 @@ from pathlib import Path
 
 from report import write_section
 from sqlalchemy.ext.asyncio import create_async_engine
-from throughput import _event, bench
+from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
 
-from roadie.clock import FakeClock
-from roadie.definitions import EventDefinition
-from roadie.engine import Engine, EngineOptions
-from roadie.modules import core
-from roadie.registry import Registry
-from roadie.store import Store
 from roadie.store.dialects import async_url
 
 try:
@@ -64,17 +58,8 @@ if DBOS is not None:
 
 async def _roadie(url: str, action: str, runs: int, steps: int, concurrency: int) -> float:
     """Seconds for one Roadie engine to start and settle `runs` runs of `steps` steps."""
-    clock = FakeClock()
-    registry = Registry(clock)
-    registry.register(core.module)
-    registry.register(bench)
-    store = await Store.open(url)
+    store, engine, event = await open_bench(url, action, steps, concurrency)
     try:
-        engine = Engine(store, registry, clock=clock, options=EngineOptions(concurrency=concurrency))
-        definition = EventDefinition.model_validate(_event(action, steps))
-        event = await store.create_event_version(
-            definition.id, "", definition.model_dump(mode="json", by_alias=True), "", "bench", clock.now()
-        )
         started = time.perf_counter()
         ids = [(await engine.start_run(event, {})).id for _ in range(runs)]
         await engine.settle(ids)

@@ -23,11 +23,14 @@ from typing import Any
 from report import write_section
 
 from roadie.clock import FakeClock
+from roadie.definitions import EventDefinition
 from roadie.engine import Engine, EngineOptions
+from roadie.modules import core
 from roadie.registry import Call, Module, Registry, RevertCall
 from roadie.registry.module import NoParams
 from roadie.states import Reversible
 from roadie.store import Store
+from roadie.store.rows import EventRow
 
 bench = Module("bench")
 
@@ -52,29 +55,33 @@ def _event(action: str, n: int) -> dict[str, Any]:
     return {"id": f"bench-{action}", "cleanup": "manual", "phases": [{"name": "all", "steps": steps}]}
 
 
+async def open_bench(url: str, action: str, steps: int, concurrency: int) -> tuple[Store, Engine, EventRow]:
+    """A store on `url`, one engine with core and the no-op module, and an event of `steps`
+    `bench.ACTION` steps in one phase (cleanup manual, so only the drain is measured)."""
+    clock = FakeClock()
+    registry = Registry(clock)
+    registry.register(core.module)
+    registry.register(bench)
+    store = await Store.open(url)
+    engine = Engine(store, registry, clock=clock, options=EngineOptions(concurrency=concurrency))
+    definition = EventDefinition.model_validate(_event(action, steps))
+    event = await store.create_event_version(
+        definition.id, "", definition.model_dump(mode="json", by_alias=True), "", "bench", clock.now()
+    )
+    return store, engine, event
+
+
 async def _measure(action: str, runs: int, steps_per_run: int, concurrency: int) -> float:
     """Seconds for one worker to drain `runs` runs of `steps_per_run` steps."""
-    from roadie.definitions import EventDefinition
-
     with tempfile.TemporaryDirectory() as tmp:
-        clock = FakeClock()
-        registry = Registry(clock)
-        from roadie.modules import core
-
-        registry.register(core.module)
-        registry.register(bench)
-        store = await Store.open(f"sqlite:///{tmp}/bench.db")
-        engine = Engine(store, registry, clock=clock, options=EngineOptions(concurrency=concurrency))
-        definition = EventDefinition.model_validate(_event(action, steps_per_run))
-        event = await store.create_event_version(
-            definition.id, "", definition.model_dump(mode="json", by_alias=True), "", "bench", clock.now()
-        )
-        ids = [(await engine.start_run(event, {})).id for _ in range(runs)]
-        started = time.perf_counter()
-        await engine.settle(ids)
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return elapsed
+        store, engine, event = await open_bench(f"sqlite:///{tmp}/bench.db", action, steps_per_run, concurrency)
+        try:
+            ids = [(await engine.start_run(event, {})).id for _ in range(runs)]
+            started = time.perf_counter()
+            await engine.settle(ids)
+            return time.perf_counter() - started
+        finally:
+            await store.close()
 
 
 def _repeat(action: str, runs: int, steps: int, concurrency: int, repeats: int) -> dict[str, float]:
