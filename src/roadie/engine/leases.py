@@ -43,8 +43,23 @@ def _resolve(registry: Registry, ref: str) -> tuple[Lease, str | None]:
     return found
 
 
-def _call(registry: Registry, lease: Lease, target: str | None, clock: Clock) -> LeaseCall:
-    return LeaseCall(lease=lease.id, target=target, state=registry.state(lease.module.name), clock=clock)
+def _call(
+    registry: Registry, lease: Lease, target: str | None, clock: Clock, *, key: str | None, run_id: int | None
+) -> LeaseCall:
+    return LeaseCall(
+        lease=lease.id,
+        target=target,
+        state=registry.state(lease.module.name),
+        clock=clock,
+        idempotency_key=key,
+        run_id=run_id,
+    )
+
+
+def restore_key(row: ResourceRow) -> str:
+    """The idempotency key of giving a borrowed value back: one per ledger row, so a
+    restore retried after a crash is the same restore."""
+    return f"restore-{row.run_id}-{row.id}"
 
 
 async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, reserved_id: int) -> Outcome:
@@ -52,7 +67,7 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     assert step.lease_ref is not None
     lease, target = _resolve(registry, step.lease_ref)
     row = await store.get_resource(reserved_id)
-    call = _call(registry, lease, target, clock)
+    call = _call(registry, lease, target, clock, key=step.idempotency_key, run_id=step.run_id)
     if isinstance(row.payload, dict) and "saved" in row.payload:
         saved = row.payload["saved"]
     else:
@@ -81,8 +96,10 @@ async def restore(registry: Registry, clock: Clock, row: ResourceRow) -> None:
     if not (isinstance(row.payload, dict) and "saved" in row.payload):
         return
     lease, target = _resolve(registry, row.ref)
-    assert lease.write_fn is not None
-    await maybe_await(lease.write_fn(_call(registry, lease, target, clock), row.payload["saved"]))
+    give_back = lease.restore_fn or lease.write_fn
+    assert give_back is not None
+    call = _call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
+    await maybe_await(give_back(call, row.payload["saved"]))
 
 
 async def sweep_expired(store: Store, registry: Registry, clock: Clock, claim_ttl: float = 60.0) -> int:

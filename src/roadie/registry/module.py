@@ -97,10 +97,37 @@ class Answer:
 
 @dataclass(frozen=True)
 class LeaseCall:
-    """A read or write of a borrowed value. `target` is set for targeted leases."""
+    """A read or write of a borrowed value. `target` is set for targeted leases.
+
+    `idempotency_key` and `run_id` name the step that borrows (or whose borrow is being
+    given back); remote modules send them on the wire. The sweeper's restores carry them too.
+    """
 
     lease: str
     target: str | None
+    state: Any
+    clock: Clock
+    idempotency_key: str | None = None
+    run_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """Whether a resource still exists in the world, and still carries its step's tag."""
+
+    kind: str
+    ref: str
+    exists: bool
+    ours: bool
+
+
+@dataclass(frozen=True)
+class InspectCall:
+    """Ask after resources one step made: do they still exist, and are they still ours?"""
+
+    run_id: int
+    idempotency_key: str
+    resources: list[Resource]
     state: Any
     clock: Clock
 
@@ -109,6 +136,7 @@ ActionFn = Callable[[Call[Any]], Any]
 RevertFn = Callable[[RevertCall], Any]
 LeaseReadFn = Callable[[LeaseCall], Any]
 LeaseWriteFn = Callable[[LeaseCall, JSON], Any]
+InspectFn = Callable[[InspectCall], Any]
 
 
 async def maybe_await(value: Any) -> Any:
@@ -173,6 +201,7 @@ class Lease:
         self.targeted = targeted
         self.description = description
         self.write_fn: LeaseWriteFn | None = None
+        self.restore_fn: LeaseWriteFn | None = None
 
     @property
     def id(self) -> str:
@@ -180,6 +209,11 @@ class Lease:
 
     def write(self, fn: LeaseWriteFn) -> LeaseWriteFn:
         self.write_fn = fn
+        return fn
+
+    def restore(self, fn: LeaseWriteFn) -> LeaseWriteFn:
+        """Optional: how to give the saved value back, when that differs from a write."""
+        self.restore_fn = fn
         return fn
 
     def ref(self, target: str | None) -> str:
@@ -212,6 +246,7 @@ class Module:
         self.leases: dict[str, Lease] = {}
         self.setup_fn: Callable[[ModuleConfig], Any] | None = None
         self.close_fn: Callable[[Any], Any] | None = None
+        self.inspect_fn: InspectFn | None = None
 
     def action(
         self,
@@ -267,6 +302,13 @@ class Module:
 
     def close(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         self.close_fn = fn
+        return fn
+
+    def inspect(self, fn: InspectFn) -> InspectFn:
+        """Declare how to tell whether resources still exist and still carry their step's
+        tag, one `Inspected` (or mapping with `exists` and `ours`) per resource, in order.
+        `roadie cleanup --verify` uses it to find what came back after a world rolled back."""
+        self.inspect_fn = fn
         return fn
 
     def check(self) -> None:

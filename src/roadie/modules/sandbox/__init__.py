@@ -29,6 +29,8 @@ from roadie.modules.sandbox.world import SandboxWorld, WorldCrashed, open_world
 from roadie.registry.module import (
     Answer,
     Call,
+    InspectCall,
+    Inspected,
     LeaseCall,
     Module,
     ModuleConfig,
@@ -154,6 +156,19 @@ async def _revert(call: RevertCall) -> list[RevertFailure] | None:
 
 spawn.revert(_revert)
 place_item.revert(_revert)
+
+
+@module.inspect
+async def inspect_objects(call: InspectCall) -> list[Inspected]:
+    """Whether each creature or item still exists, and still carries the step's tag (a
+    serial reused after a crash belongs to someone else's object)."""
+    world = _world(call.state)
+    await world.pace()
+    found = world.inspect([(r.kind, r.ref) for r in call.resources])
+    return [
+        Inspected(r.kind, r.ref, exists=exists, ours=exists and tag == call.idempotency_key)
+        for r, (exists, tag) in zip(call.resources, found, strict=True)
+    ]
 
 
 @module.action("broadcast", reversible=Reversible.NONE, params=BroadcastParams)

@@ -836,6 +836,16 @@ class SandboxWorld:
                     return None if row[0] is None else str(row[0])
         return None
 
+    def inspect(self, refs: Sequence[tuple[str, str]]) -> list[tuple[bool, str | None]]:
+        """For each `(kind_of, serial)`: whether that object exists, and the tag it carries."""
+        found: list[tuple[bool, str | None]] = []
+        with self._transaction() as db:
+            for kind_of, serial in refs:
+                table = TABLES.get(kind_of)
+                row = db.execute(f"SELECT tag FROM {table} WHERE serial = ?", (serial,)).fetchone() if table else None
+                found.append((False, None) if row is None else (True, None if row[0] is None else str(row[0])))
+        return found
+
 
 def open_world(path: str, clock: Clock) -> SandboxWorld:
     """Open (creating and seeding if new) the sandbox world in the file at `path`."""

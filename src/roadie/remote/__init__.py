@@ -1,0 +1,1 @@
+"""Remote modules: the protocol, and the engine's side of both transports."""
