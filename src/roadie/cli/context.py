@@ -17,6 +17,7 @@ from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
 from roadie.engine import Engine, EngineOptions
 from roadie.registry import Registry, build_registry
+from roadie.remote import Remotes, attach_remote_modules
 from roadie.store import Store
 
 
@@ -53,6 +54,7 @@ class Context:
     store: Store
     registry: Registry
     engine: Engine
+    remotes: Remotes
 
 
 @asynccontextmanager
@@ -64,6 +66,12 @@ async def open_context(
     clock = SystemClock()
     registry = build_registry(settings.modules, clock=clock, base_dir=settings.base_dir)
     store = await Store.open(settings.database_url)
+    try:
+        remotes = await attach_remote_modules(registry, settings.modules, store, base_dir=settings.base_dir)
+    except BaseException:
+        await store.close()
+        await registry.close()
+        raise
     options = EngineOptions(**{k: v for k, v in settings.engine.items() if k in EngineOptions.__dataclass_fields__})
     if concurrency is not None:
         options.concurrency = concurrency
@@ -71,7 +79,7 @@ async def open_context(
         options.claim_ttl = claim_ttl
     engine = Engine(store, registry, clock=clock, options=options)
     try:
-        yield Context(settings, store, registry, engine)
+        yield Context(settings, store, registry, engine, remotes)
     finally:
         await store.close()
         await registry.close()

@@ -164,6 +164,52 @@ def worker(
     _run(database_url, config, work, concurrency=concurrency, claim_ttl=claim_ttl)
 
 
+@app.command()
+def gateway(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(7400, "--port", min=1, max=65535, help="Port to listen on."),
+    no_worker: bool = typer.Option(False, "--no-worker", help="Serve the gateway only; run workers elsewhere."),
+    visibility: float = typer.Option(
+        30.0, "--visibility", min=0.1, help="Seconds a pulled call stays hidden before it is handed out again."
+    ),
+    concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="The embedded worker's concurrency."),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Serve what remote modules call: the pull work queue (announce, pull, answer) and late
+    resource reports, each signed with the module's secret (docs/protocol.md).
+
+    An embedded worker runs beside it unless --no-worker; its pulled calls are answered
+    the moment a module posts them back. SIGTERM or Ctrl-C stops both gracefully.
+    """
+    import uvicorn
+
+    from roadie.remote import protocol, refresh_pull_module
+    from roadie.remote.gateway import Gateway
+
+    async def work(ctx: Context) -> None:
+        ctx.remotes.queue.visibility = visibility
+
+        def announced(manifest: protocol.Manifest) -> None:
+            refresh_pull_module(ctx.registry, ctx.remotes, manifest, ctx.settings.base_dir)
+
+        gateway = Gateway(ctx.store, ctx.remotes.queue, ctx.remotes.secrets, ctx.registry, on_announce=announced)
+        server = uvicorn.Server(uvicorn.Config(gateway.app(), host=host, port=port, log_level="warning"))
+        console.print(f"gateway on http://{host}:{port} for {ctx.settings.database_url}", highlight=False)
+        if no_worker:
+            await server.serve()
+            return
+        worker_task = asyncio.create_task(ctx.engine.run_forever())
+        try:
+            await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles them)
+        finally:
+            ctx.engine.stop()
+            await worker_task
+        console.print("gateway stopped", highlight=False)
+
+    _run(database_url, config, work, concurrency=concurrency)
+
+
 @app.command("workers")
 def workers_list(
     as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
@@ -440,18 +486,29 @@ def cleanup(
     plan: bool = typer.Option(False, "--plan", help="List what cleanup would call, and call nothing."),
     member: str | None = typer.Option(None, "--member", help="Only the resources of this memberKey."),
     again: bool = typer.Option(False, "--again", help="Clean up again after 'incomplete' or 'complete'."),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Then ask each module to inspect what was reverted, and revert again whatever came back.",
+    ),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Revert everything a run left in the world, newest first, and report."""
+    verified: Any = None
 
     async def work(ctx: Context) -> Any:
+        nonlocal verified
         if plan:
             return await ctx.engine.cleanup.plan(run_id, member)
         run = await ctx.store.get_run(run_id)
         retry = again or run.cleanup_status in ("incomplete", "complete", "not_required")
-        return await ctx.engine.clean_up(run_id, actor=os.environ.get("USER", "cli"), member_key=member, again=retry)
+        actor = os.environ.get("USER", "cli")
+        report = await ctx.engine.clean_up(run_id, actor=actor, member_key=member, again=retry)
+        if verify:
+            verified = await ctx.engine.cleanup.verify(run_id, actor=actor)
+        return report
 
     result = _run(database_url, config, work)
     if plan:
@@ -468,7 +525,7 @@ def cleanup(
         console.print(table if result else f"run {run_id}: nothing to clean up")
         return
     if as_json:
-        _print_json(result.as_dict())
+        _print_json({**result.as_dict(), "verify": verified.as_dict() if verified else None})
     else:
         console.print(
             f"run {run_id} cleanup {_styled(result.status)}: {result.reverted} reverted, {result.restored} restored, "
@@ -478,7 +535,20 @@ def cleanup(
             console.print(f"  [red]✗[/] resource {e['resource']} ({e['step']}): {e['error']}", highlight=False)
         for f in result.forgotten:
             console.print(f"  [magenta]forgotten[/] {f['kind']} {f['ref']}: {f['why']}", highlight=False)
-    if result.status != "complete":
+        if verified is not None:
+            v = verified
+            console.print(
+                f"run {run_id} verified {v.verified}: {v.came_back} came back, {v.redone} reverted again, "
+                f"{v.foreign} reused by others (left alone), {v.failed} failed, {v.unverifiable} unverifiable",
+                highlight=False,
+            )
+            for r in v.resources:
+                console.print(f"  [yellow]↺[/] {r['kind']} {r['ref']} ({r['step']}) came back", highlight=False)
+            for e in v.errors:
+                console.print(f"  [red]✗[/] {e['step']}: {e['error']}", highlight=False)
+            if v.modules_without_inspect:
+                console.print(f"  not inspectable: {', '.join(v.modules_without_inspect)}", highlight=False)
+    if result.status != "complete" or (verified is not None and verified.failed):
         raise typer.Exit(1)
 
 

@@ -18,7 +18,7 @@ import structlog
 from roadie.clock import Clock
 from roadie.engine import leases
 from roadie.errors import InvalidState, RoadieError, UnknownAction
-from roadie.registry import Registry, Resource, RevertCall, RevertFailure
+from roadie.registry import InspectCall, Inspected, Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
 from roadie.states import OVERRIDE_KIND, STEP_KIND, CleanupStatus, ResourceState, RunStatus
 from roadie.store import Store
@@ -57,6 +57,33 @@ class CleanupReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` asked, what had come back into the world, and what it reverted again."""
+
+    run_id: int
+    verified: int = 0  # resources a module was asked about
+    came_back: int = 0  # of those, still there and still the run's
+    redone: int = 0  # reverted again
+    foreign: int = 0  # there, but carrying another key's tag: left alone
+    failed: int = 0
+    unverifiable: int = 0
+    modules_without_inspect: list[str] = field(default_factory=list)
+    resources: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _inspected(answer: Any) -> tuple[bool, bool]:
+    if isinstance(answer, Inspected):
+        return answer.exists, answer.ours
+    if isinstance(answer, dict) and isinstance(answer.get("exists"), bool):
+        return answer["exists"], bool(answer.get("ours", False)) and answer["exists"]
+    raise InvalidState(f"not an inspect answer: {answer!r:.80}")
 
 
 class Cleanup:
@@ -250,6 +277,95 @@ class Cleanup:
         if isinstance(answer, list) and all(isinstance(f, RevertFailure) for f in answer):
             return answer
         raise InvalidState(f"{action.id}'s revert answered something that is not a list of failures: {answer!r:.80}")
+
+    async def verify(self, run_id: int, *, actor: str = "system") -> VerifyReport:
+        """Ask each module whether what the run's cleanup reverted is really gone, and revert
+        again whatever came back (a world that rolled back after its own crash).
+
+        Only a resource that exists *and* still carries its step's tag came back: an id
+        reused by something else is not the run's to remove. A module that does not answer
+        `inspect` cannot be verified, and the report says so.
+        """
+        await self.store.get_run(run_id)
+        report = VerifyReport(run_id=run_id)
+        after = 0
+        while True:
+            rows = await self.store.reverted_rows(run_id, after=after, limit=PAGE_ROWS)
+            if not rows:
+                break
+            after = rows[-1].id
+            by_step: dict[int | None, list[ResourceRow]] = defaultdict(list)
+            for row in rows:
+                by_step[row.step_id].append(row)
+            steps = {s.id: s for s in await self.store.steps_by_ids([i for i in by_step if i is not None])}
+            for step_id, group in by_step.items():
+                step = steps.get(step_id) if step_id is not None else None
+                await self._verify_step(run_id, step, group, report)
+        await self.store.record_verification(run_id, report.as_dict(), actor, self.clock.now())
+        log.info("verified", run_id=run_id, verified=report.verified, came_back=report.came_back, redone=report.redone)
+        return report
+
+    async def _verify_step(
+        self, run_id: int, step: StepRow | None, rows: list[ResourceRow], report: VerifyReport
+    ) -> None:
+        try:
+            if step is None:
+                raise InvalidState("the rows name no step")
+            action = self.registry.action(step.action)
+        except (RoadieError, UnknownAction) as exc:
+            report.unverifiable += len(rows)
+            report.errors.append({"step": step.name if step else None, "error": exc.message})
+            return
+        module = action.module
+        if module.inspect_fn is None:
+            report.unverifiable += len(rows)
+            report.modules_without_inspect = sorted({*report.modules_without_inspect, module.name})
+            return
+        resources = [Resource(r.kind, r.ref, r.payload, r.member_key) for r in rows]
+        state = self.registry.state(module.name)
+        try:
+            answer = await maybe_await(
+                module.inspect_fn(
+                    InspectCall(run_id, step.idempotency_key, resources, state, self.clock, action=action.name)
+                )
+            )
+            found = [_inspected(a) for a in answer]
+            if len(found) != len(rows):
+                raise InvalidState(f"{module.name} inspect answered {len(found)} results for {len(rows)} resources")
+        except Exception as exc:
+            message = exc.message if isinstance(exc, RoadieError) else f"{type(exc).__name__}: {exc}"
+            report.failed += len(rows)
+            report.errors.append({"step": step.name, "error": f"inspect failed: {message}"})
+            return
+        report.verified += len(rows)
+        back = [r for r, (exists, ours) in zip(rows, found, strict=True) if exists and ours]
+        report.foreign += sum(1 for exists, ours in found if exists and not ours)
+        if not back:
+            return
+        report.came_back += len(back)
+        report.resources.extend({"resource": r.id, "step": step.name, "kind": r.kind, "ref": r.ref} for r in back)
+        assert action.revert_fn is not None
+        try:
+            failures = await maybe_await(
+                action.revert_fn(
+                    RevertCall(
+                        run_id=run_id,
+                        idempotency_key=step.idempotency_key,
+                        resources=[Resource(r.kind, r.ref, r.payload, r.member_key) for r in back],
+                        state=state,
+                        clock=self.clock,
+                    )
+                )
+            )
+        except Exception as exc:
+            message = exc.message if isinstance(exc, RoadieError) else f"{type(exc).__name__}: {exc}"
+            report.failed += len(back)
+            report.errors.append({"step": step.name, "error": f"revert failed: {message}"})
+            return
+        failed = len(failures or [])
+        report.redone += len(back) - failed
+        report.failed += failed
+        report.errors.extend({"step": step.name, "error": f"{f.kind} {f.ref}: {f.message}"} for f in failures or [])
 
     async def forget(self, resource_id: int, *, actor: str, reason: str) -> ResourceRow:
         """An admin gives up on a resource that can never be reverted. Audited; kept as `abandoned`."""

@@ -130,6 +130,7 @@ class InspectCall:
     resources: list[Resource]
     state: Any
     clock: Clock
+    action: str | None = None  # the name (within its module) of the action that made them
 
 
 ActionFn = Callable[[Call[Any]], Any]

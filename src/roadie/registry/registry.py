@@ -36,9 +36,14 @@ class Registry:
         self.clock = clock or SystemClock()
         self._loaded: dict[str, Loaded] = {}
 
-    def register(self, module: Module, settings: Mapping[str, Any] | None = None, *, base_dir: str = ".") -> None:
-        """Add a module and open its state now, so a bad setup fails at start, not mid-run."""
-        if module.name in self._loaded:
+    def register(
+        self, module: Module, settings: Mapping[str, Any] | None = None, *, base_dir: str = ".", replace: bool = False
+    ) -> None:
+        """Add a module and open its state now, so a bad setup fails at start, not mid-run.
+
+        `replace` swaps a module already registered under that name (a remote module that
+        announced a new manifest)."""
+        if module.name in self._loaded and not replace:
             raise RegistryError(f"module {module.name!r} is registered twice")
         module.check()
         state = None
@@ -142,6 +147,8 @@ def build_registry(
         settings = dict(configured.get(name, {}))
         if settings.get("enabled", True) is False:
             continue
+        if "url" in settings or "transport" in settings:
+            continue  # a remote module: `roadie.remote.attach_remote_modules` adds it
         path = settings.pop("import", None) or found.get(name)
         if path is None and name == "core":
             path = "roadie.modules.core:module"

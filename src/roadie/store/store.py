@@ -1065,6 +1065,39 @@ class Store:
         result: list[ResourceRow] = await self._read(work)
         return result
 
+    async def reverted_rows(self, run_id: int, *, after: int = 0, limit: int = 5000) -> list[ResourceRow]:
+        """A page of a run's reverted module resources (not placeholders, not leases), by id."""
+        query = (
+            select(run_resources)
+            .where(
+                run_resources.c.run_id == run_id,
+                run_resources.c.state == ResourceState.REVERTED.value,
+                run_resources.c.kind.not_in([STEP_KIND, OVERRIDE_KIND]),
+                run_resources.c.id > after,
+            )
+            .order_by(run_resources.c.id)
+            .limit(limit)
+        )
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def record_verification(self, run_id: int, verification: dict[str, Any], actor: str, now: datetime) -> None:
+        """Add what a verification found and redid to the run's cleanup report, and audit it."""
+
+        async def work(conn: AsyncConnection) -> None:
+            row = (await conn.execute(select(runs.c.cleanup_report).where(runs.c.id == run_id))).first()
+            report = dict(row.cleanup_report or {}) if row is not None else {}
+            report["verify"] = verification
+            await conn.execute(update(runs).where(runs.c.id == run_id).values(cleanup_report=report))
+            summary = {k: verification[k] for k in ("verified", "came_back", "redone", "failed") if k in verification}
+            await self._audit(conn, now, actor, "verify", f"run:{run_id}", summary)
+
+        await self._write("record_verification", work)
+
     async def count_live_resources(self, run_id: int, *, member_key: str | None = None) -> int:
         query = select(func.count()).where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES))
         if member_key is not None:

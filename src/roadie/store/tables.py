@@ -233,3 +233,36 @@ workers = Table(
     Column("version", String(32), nullable=False),
     Index(None, "heartbeat_at"),
 )
+
+# The pull transport's work queue (docs/protocol.md): a call for a module that polls the
+# engine instead of being called. A call is handed out (`deliveries` + 1) and stays
+# invisible until `visible_at`; unanswered by then, it is handed out again under the same
+# key. The same call made again (a step retried) is the same row: `call_hash`.
+remote_calls = Table(
+    "remote_calls",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("module", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("idempotency_key", String(190), nullable=False),
+    Column("call_hash", String(64), nullable=False),
+    Column("body", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("visible_at", UTCDateTime, nullable=False),
+    Column("deliveries", Integer, nullable=False, default=0),
+    Column("answered_at", UTCDateTime, nullable=True),
+    Column("answer_status", Integer, nullable=True),
+    Column("answer", JSON, nullable=True),
+    UniqueConstraint("module", "call_hash"),
+    Index(None, "module", "answered_at", "visible_at"),
+)
+
+# What each pulling module last announced about itself: its manifest.
+remote_modules = Table(
+    "remote_modules",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("manifest", JSON, nullable=False),
+    Column("announced_at", UTCDateTime, nullable=False),
+    Column("polled_at", UTCDateTime, nullable=True),
+)

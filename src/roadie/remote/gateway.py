@@ -1,0 +1,189 @@
+"""The engine's HTTP side of the protocol: what modules call (docs/protocol.md).
+
+- `POST /roadie/v1/announce`: a polling module says what it is (its manifest).
+- `POST /roadie/v1/pull`: a polling module long-polls for calls.
+- `POST /roadie/v1/answer`: it posts a call's answer back.
+- `POST /roadie/v1/report`: any module reports resources a step's effect made by itself.
+
+Every request is signed with the calling module's secret and names the module in
+`X-Roadie-Module`; anything else is refused with 401 before its body is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from roadie.engine.ledger import normalise
+from roadie.registry import Registry
+from roadie.remote import protocol
+from roadie.remote.queue import WorkQueue
+from roadie.states import CleanupStatus, Reversible
+from roadie.store import NewResource
+from roadie.store.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None, *, retryable: bool = False) -> None:
+        self.status = status
+        self.message = message
+        self.field = field
+        self.retryable = retryable
+
+
+def _error(status: int, message: str, field: str | None = None, *, retryable: bool = False) -> JSONResponse:
+    return JSONResponse(protocol.error_body(message, field=field, retryable=retryable), status_code=status)
+
+
+class Gateway:
+    """The routes, over one store, one work queue, and the modules' secrets."""
+
+    def __init__(
+        self,
+        store: Store,
+        queue: WorkQueue,
+        secrets: Mapping[str, str],
+        registry: Registry,
+        *,
+        max_skew: float = protocol.MAX_SKEW,
+        on_announce: Callable[[protocol.Manifest], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.secrets = dict(secrets)
+        self.registry = registry
+        self.max_skew = max_skew
+        self.on_announce = on_announce
+
+    async def _verified(self, request: Request) -> tuple[str, bytes]:
+        module = request.headers.get(protocol.H_MODULE, "")
+        secret = self.secrets.get(module)
+        body = await request.body()
+        if not module:
+            raise _Refused(401, f"no {protocol.H_MODULE} header: say which module is calling")
+        if secret is None:
+            raise _Refused(401, f"no remote module {module!r} is configured here")
+        try:
+            protocol.verify(secret, request.method, request.url.path, request.headers, body, max_skew=self.max_skew)
+        except protocol.SignatureRefused as exc:
+            raise _Refused(401, exc.message) from exc
+        return module, body
+
+    @staticmethod
+    def _parse(model: type[Any], body: bytes) -> Any:
+        try:
+            return model.model_validate_json(body or b"{}")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or None
+            raise _Refused(400, f"malformed request: {first['msg']}", field) from exc
+
+    async def announce(self, request: Request) -> Any:
+        module, body = await self._verified(request)
+        manifest = self._parse(protocol.Manifest, body)
+        if manifest.module != module:
+            raise _Refused(400, f"signed as module {module!r} but announces {manifest.module!r}", "module")
+        await self.queue.calls.announce(module, manifest.model_dump(mode="json"), self.queue.now())
+        if self.on_announce is not None:
+            try:
+                self.on_announce(manifest)
+            except Exception as exc:  # a manifest this process cannot use is the module's mistake
+                raise _Refused(400, f"manifest refused: {exc}") from exc
+        log.info("module announced", module=module, actions=len(manifest.actions), leases=len(manifest.leases))
+        return {"announced": module}
+
+    async def pull(self, request: Request) -> Any:
+        module, body = await self._verified(request)
+        wanted = self._parse(protocol.PullRequest, body)
+        taken = await self.queue.take(module, wanted.max, wanted.wait)
+        calls = [
+            protocol.PulledCall(
+                id=c.id,
+                kind=c.kind,
+                path=protocol.CALL_PATHS[c.kind],
+                idempotency_key=c.idempotency_key,
+                body=c.body,
+                delivery=c.deliveries,
+            )
+            for c in taken
+        ]
+        return protocol.PullAnswer(calls=calls).model_dump(mode="json")
+
+    async def answer(self, request: Request) -> Any:
+        module, body = await self._verified(request)
+        posted = self._parse(protocol.AnswerPost, body)
+        accepted = await self.queue.answer(module, posted.id, posted.status, posted.body)
+        return {"accepted": accepted}
+
+    async def report(self, request: Request) -> Any:
+        module, body = await self._verified(request)
+        report = self._parse(protocol.ReportRequest, body)
+        step = await self.queue.calls.step_by_key(report.idempotency_key)
+        if step is None or step.owner != module:
+            raise _Refused(
+                404, f"no step of module {module!r} has the key {report.idempotency_key!r}", "idempotency_key"
+            )
+        if step.reversible != Reversible.LEDGER.value:
+            raise _Refused(422, f"step {step.name} ({step.action}) is not a 'ledger' action", "idempotency_key")
+        run = await self.store.get_run(step.run_id)
+        if run.cleanup_status not in (CleanupStatus.NOT_REQUIRED.value, CleanupStatus.PENDING.value):
+            # Its cleanup has begun or ended: a row recorded now could be missed by it.
+            raise _Refused(
+                409, f"run {run.id}'s cleanup is {run.cleanup_status}; revert these yourself", "idempotency_key"
+            )
+        rows: list[NewResource] = []
+        rejected: list[str] = []
+        for entry in report.resources:
+            row = normalise(entry, step.action, self.registry)
+            if isinstance(row, str):
+                rejected.append(row)
+            else:
+                rows.append(row)
+        recorded = 0
+        if rows:
+            outcome = await self.store.record_late_resources(step, rows, self.queue.now())
+            rejected.extend(outcome.rejections)
+            recorded = len(rows) - len(outcome.rejections)
+        for reason in rejected:
+            log.warning("late resource rejected", run_id=step.run_id, step=step.name, reason=reason)
+        return protocol.ReportAnswer(recorded=recorded, rejected=rejected).model_dump(mode="json")
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+        for path, handler in (
+            (protocol.ANNOUNCE, self.announce),
+            (protocol.PULL, self.pull),
+            (protocol.ANSWER, self.answer),
+            (protocol.REPORT, self.report),
+        ):
+            router.add_api_route(path, _guarded(handler), methods=["POST"], include_in_schema=False)
+        return router
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="Roadie gateway", openapi_url=None, docs_url=None, redoc_url=None)
+        app.include_router(self.router())
+
+        @app.get("/healthz", include_in_schema=False)
+        async def healthz() -> dict[str, str]:
+            return {"status": "ok"}
+
+        return app
+
+
+def _guarded(handler: Any) -> Any:
+    async def route(request: Request) -> Any:
+        try:
+            result = await handler(request)
+        except _Refused as exc:
+            return _error(exc.status, exc.message, exc.field, retryable=exc.retryable)
+        return JSONResponse(result)
+
+    route.__name__ = handler.__name__
+    return route
