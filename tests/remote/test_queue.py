@@ -1,0 +1,197 @@
+"""The pull transport's work queue and the gateway, on every database: a call is handed out
+once per visibility timeout, the same call made again is the same work, an answer reaches
+its caller once, and every request to the gateway is signed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from roadie.remote import protocol
+from roadie.remote.gateway import Gateway
+from roadie.remote.queue import WorkQueue
+from roadie.store.queue import QueueStore
+from tests.conftest import Harness
+
+SECRET = "s3cret-for-tests"
+BODY = {"action": "spawn", "run_id": 1, "step_id": 2, "idempotency_key": "k-1", "attempt": 1, "params": {}}
+
+
+def test_a_call_is_handed_out_once_per_visibility(harness: Harness) -> None:
+    async def body() -> None:
+        calls = QueueStore(harness.store)
+        now = harness.clock.now()
+        first = await calls.enqueue("lua", "dispatch", "k-1", BODY, now)
+        # The step retried: another attempt of the same call is the same row.
+        assert await calls.enqueue("lua", "dispatch", "k-1", {**BODY, "attempt": 2}, now) == first
+        other = await calls.enqueue("lua", "dispatch", "k-2", {**BODY, "idempotency_key": "k-2"}, now)
+        assert other != first
+
+        taken = await calls.take("lua", 10, now, visibility=30)
+        assert [(c.id, c.deliveries) for c in taken] == [(first, 1), (other, 1)]
+        assert await calls.take("lua", 10, now, visibility=30) == []  # hidden while being worked on
+        assert await calls.take("other-module", 10, now, visibility=30) == []
+
+        harness.clock.advance(31)  # never answered: handed out again, under the same key
+        again = await calls.take("lua", 1, harness.clock.now(), visibility=30)
+        assert [(c.id, c.idempotency_key, c.deliveries) for c in again] == [(first, "k-1", 2)]
+
+        assert await calls.answer("lua", first, 200, {"resources": []}, harness.clock.now())
+        assert not await calls.answer("lua", first, 200, {"late": True}, harness.clock.now())  # once
+        assert not await calls.answer("intruder", other, 200, {}, harness.clock.now())  # not its call
+        assert await calls.answers([first, other]) == {first: (200, {"resources": []})}
+        await calls.consume([first, other])
+        assert await calls.answers([first]) == {}
+        harness.clock.advance(31)
+        assert [c.id for c in await calls.take("lua", 10, harness.clock.now(), 30)] == [other]
+
+    harness.run(body)
+
+
+def test_two_pollers_never_share_a_call(harness: Harness) -> None:
+    async def body() -> None:
+        calls = QueueStore(harness.store)
+        now = harness.clock.now()
+        for i in range(40):
+            await calls.enqueue("lua", "dispatch", f"k-{i}", {**BODY, "idempotency_key": f"k-{i}"}, now)
+        ids: list[int] = []
+        for _ in range(20):  # a poller may find rows locked by another and get fewer: it looks again
+            batches = await asyncio.gather(*(calls.take("lua", 7, now, 30) for _ in range(8)))
+            ids.extend(c.id for batch in batches for c in batch)
+            if len(ids) >= 40:
+                break
+        assert len(ids) == len(set(ids)) == 40
+
+    harness.run(body)
+
+
+def _signed(path: str, body: dict[str, Any], *, module: str = "lua", secret: str = SECRET) -> dict[str, Any]:
+    raw = json.dumps(body).encode()
+    return {"content": raw, "headers": protocol.sign(secret, "POST", path, raw, module=module)}
+
+
+def test_the_gateway_carries_a_call_and_its_answer(harness: Harness) -> None:
+    async def body() -> None:
+        queue = WorkQueue(harness.store, poll_interval=0.01)
+        app = Gateway(harness.store, queue, {"lua": SECRET}, harness.registry).app()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            caller = asyncio.create_task(queue.submit("lua", "dispatch", "k-1", BODY))
+            pulled = await client.post(protocol.PULL, **_signed(protocol.PULL, {"max": 4, "wait": 2}))
+            assert pulled.status_code == 200, pulled.text
+            [call] = protocol.PullAnswer.model_validate(pulled.json()).calls
+            assert (call.kind, call.path, call.idempotency_key, call.delivery) == (
+                "dispatch",
+                protocol.DISPATCH,
+                "k-1",
+                1,
+            )
+            assert call.body == BODY
+            answer = {"id": call.id, "status": 200, "body": {"resources": [{"kind": "creature", "ref": "0x1"}]}}
+            posted = await client.post(protocol.ANSWER, **_signed(protocol.ANSWER, answer))
+            assert posted.json() == {"accepted": True}
+            assert await asyncio.wait_for(caller, 5) == (200, answer["body"])
+
+    harness.run(body)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"headers": {}}, "unsigned"),
+        ({"secret": "wrong"}, "wrong signature"),
+        ({"module": "nobody"}, "no remote module 'nobody'"),
+        ({"stale": True}, "stale"),
+        ({"tamper": True}, "wrong signature"),
+    ],
+)
+def test_the_gateway_refuses_what_is_not_signed_by_the_module(
+    harness: Harness, change: dict[str, Any], expected: str
+) -> None:
+    async def body() -> None:
+        queue = WorkQueue(harness.store)
+        app = Gateway(harness.store, queue, {"lua": SECRET}, harness.registry).app()
+        raw = json.dumps({"max": 1, "wait": 0}).encode()
+        headers = protocol.sign(
+            change.get("secret", SECRET),
+            "POST",
+            protocol.PULL,
+            raw,
+            module=change.get("module", "lua"),
+            now=0 if change.get("stale") else None,
+        )
+        if "headers" in change:
+            headers = {protocol.H_MODULE: "lua"}
+        content = raw.replace(b"1", b"9") if change.get("tamper") else raw
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            response = await client.post(protocol.PULL, content=content, headers=headers)
+        assert response.status_code == 401
+        assert expected in response.json()["error"]["message"]
+
+    harness.run(body)
+
+
+def test_the_gateway_refuses_malformed_bodies_with_the_field(harness: Harness) -> None:
+    async def body() -> None:
+        queue = WorkQueue(harness.store)
+        app = Gateway(harness.store, queue, {"lua": SECRET}, harness.registry).app()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            bad = await client.post(protocol.ANSWER, **_signed(protocol.ANSWER, {"id": "x", "status": 200}))
+            assert bad.status_code == 400
+            assert bad.json()["error"]["field"] == "id"
+            raw = b"{not json"
+            headers = protocol.sign(SECRET, "POST", protocol.PULL, raw, module="lua")
+            broken = await client.post(protocol.PULL, content=raw, headers=headers)
+            assert broken.status_code == 400
+
+    harness.run(body)
+
+
+LATE = """
+id: late
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: probe.make
+        name: summoner
+        with: {answer: [{kind: thing, ref: boss}]}
+"""
+
+
+def test_a_late_report_joins_the_ledger(harness: Harness) -> None:
+    """What a step's effect made by itself is reported against its key, checked like any
+    answer (a bad entry is rejected with its reason), and cleaned up with the rest."""
+
+    async def body() -> None:
+        run = await harness.start(LATE)
+        await harness.settle(run)
+        [step] = await harness.store.list_steps(run.id)
+        queue = WorkQueue(harness.store)
+        app = Gateway(harness.store, queue, {"probe": SECRET}, harness.registry).app()
+        report = {
+            "idempotency_key": step.idempotency_key,
+            "resources": [{"kind": "thing", "ref": "minion"}, {"ref": ""}],
+        }
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            answer = await client.post(protocol.REPORT, **_signed(protocol.REPORT, report, module="probe"))
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["recorded"] == 1
+            assert "bad kind" in answer.json()["rejected"][0]
+            unknown = {"idempotency_key": "nope", "resources": [{"kind": "thing", "ref": "x"}]}
+            missing = await client.post(protocol.REPORT, **_signed(protocol.REPORT, unknown, module="probe"))
+            assert missing.status_code == 404
+        live = {r.ref for r in await harness.store.list_resources(run.id, live_only=True)}
+        assert {"boss", "minion"} <= live
+        cleaned = await harness.engine.clean_up(run.id)
+        assert cleaned.status == "complete"
+        assert {"boss", "minion"} <= {r.ref for c in harness.probe.reverts for r in c.resources}
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            after = await client.post(protocol.REPORT, **_signed(protocol.REPORT, report, module="probe"))
+            assert after.status_code == 409  # its cleanup is over: it would be missed
+
+    harness.run(body)
