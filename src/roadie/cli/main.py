@@ -18,6 +18,7 @@ from rich.table import Table
 
 from roadie.cli.context import Context, configure_logging, open_context
 from roadie.cli.progress import RunProgress
+from roadie.cli.sandbox_serve import SecretOption, fetch_world, serve
 from roadie.definitions import load_file
 from roadie.errors import DefinitionError, RoadieError
 from roadie.store.rows import RunRow
@@ -617,7 +618,11 @@ def audit(
 
 @sandbox_app.command("show")
 def sandbox_show(
-    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+    url: str | None = typer.Option(None, "--url", help="Read a `roadie sandbox serve` at this URL instead."),
+    secret: str | None = SecretOption,
 ) -> None:
     """The sandbox world's state: regions, settings, creatures, items, active buffs."""
 
@@ -625,13 +630,26 @@ def sandbox_show(
         snapshot: dict[str, Any] = ctx.registry.state("sandbox").snapshot()
         return snapshot
 
-    snapshot = _run(database_url, config, work)
+    if url:
+        if not secret:
+            err.print("[red]error[/] --url needs the server's --secret (or ROADIE_SANDBOX_SECRET)", highlight=False)
+            raise typer.Exit(1)
+        try:
+            snapshot = fetch_world(url, secret)
+        except RoadieError as exc:
+            err.print(f"[red]error[/] {exc.message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+    else:
+        snapshot = _run(database_url, config, work)
     if as_json:
         _print_json(snapshot)
         return
     from roadie.cli.demo import world_table
 
     console.print(world_table({"now": snapshot}, title="sandbox world"))
+
+
+sandbox_app.command("serve")(serve)
 
 
 @app.command()

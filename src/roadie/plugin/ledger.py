@@ -1,0 +1,301 @@
+"""The plugin-side key ledger: `idempotency key -> (action, status, answer)` in its own
+SQLite file (DESIGN §6).
+
+Delivery is at-least-once: the engine retries a step whose answer it never saw, and a
+pulled call is handed out again after its visibility timeout. The key ledger is what
+makes every effect exactly-once anyway. A key whose answer is stored gets that answer
+back and the world is not touched again; a key that failed may run again; a key being
+run by another live process is refused (409, retryable) rather than run twice.
+
+A key that has been reverted keeps a tombstone, and is never dispatched again: a late
+duplicate of the dispatch, arriving after cleanup reverted the step, would otherwise
+make something no cleanup will ever look for.
+
+One transaction per method (`BEGIN IMMEDIATE`, WAL), nothing cached in memory: two
+processes serving one ledger file queue on its write lock, and a process killed at any
+point leaves only committed rows behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from roadie.clock import Clock, SystemClock
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    key TEXT PRIMARY KEY,
+    action TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed', 'never')),
+    answer TEXT,
+    owner TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    reverts INTEGER NOT NULL DEFAULT 0,
+    reverted_at REAL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS late_resources (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS late_resources_by_key ON late_resources (key, id);
+"""
+
+
+class KeyStatus(StrEnum):
+    RUNNING = "running"  # an action call holds the key (its owner names the process)
+    DONE = "done"  # the answer is stored
+    FAILED = "failed"  # the last call raised; the key may run again
+    NEVER = "never"  # known only from a revert: never dispatched here
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    key: str
+    action: str
+    status: KeyStatus
+    answer: Any
+    owner: str | None
+    attempts: int
+    error: str | None
+    reverts: int
+    reverted_at: float | None
+
+    @property
+    def reverted(self) -> bool:
+        return self.reverted_at is not None
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What `begin` found. Exactly one of: `run` (call the action), `answer` (stored, do
+    not call), `busy` (another live process is calling it), `refused` (a message)."""
+
+    run: bool = False
+    answer: Any = None
+    stored: bool = False
+    busy: str | None = None
+    refused: str | None = None
+
+
+# Ledger owners alive in this process: a `running` row whose owner is this process but
+# not one of these was left by an earlier, closed ledger object (a crash simulated in
+# one process), and is stale.
+_LIVE_OWNERS: set[str] = set()
+
+
+def _start_time(pid: int) -> str:
+    """The kernel's start time of `pid` (Linux), so a recycled pid is not taken for the
+    process that died; empty where /proc is not there."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name (field 2) may hold spaces; fields after its ')' are fixed.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+_HOST = socket.gethostname()
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, rest = owner.partition("|")
+    if host != _HOST:
+        return True  # another machine's process: we cannot tell, so it is not ours to take
+    pid_text, _, rest = rest.partition("|")
+    started, _, _token = rest.partition("|")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return owner in _LIVE_OWNERS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, under another user
+    return not started or _start_time(pid) == started
+
+
+class KeyLedger:
+    """The key ledger in the SQLite file at `path`."""
+
+    def __init__(self, path: str, clock: Clock | None = None) -> None:
+        self.path = path
+        self.clock: Clock = clock or SystemClock()
+        self.owner = f"{_HOST}|{os.getpid()}|{_start_time(os.getpid())}|{uuid.uuid4().hex[:12]}"
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        with self._transaction() as db:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+        _LIVE_OWNERS.add(self.owner)
+
+    def close(self) -> None:
+        _LIVE_OWNERS.discard(self.owner)
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> KeyLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<KeyLedger {self.path!r}>"
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _now(self) -> float:
+        return self.clock.now().timestamp()
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    def begin(self, key: str, action: str) -> Begun:
+        """Claim `key` for a call of `action`, unless its answer is stored (then that), it
+        belongs to another action or was reverted (refused), or another live process is
+        calling it (busy). A `running` row of a dead process is taken over."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT action, status, answer, owner, reverted_at FROM keys WHERE key = ?", (key,)
+            ).fetchone()
+            if row is not None:
+                stored_action, status, answer, owner, reverted_at = row
+                if stored_action != action:
+                    return Begun(refused=f"key {key!r} was used for {stored_action!r}, not {action!r}")
+                if reverted_at is not None:
+                    return Begun(refused=f"key {key!r} was reverted; a reverted step is not dispatched again")
+                if status == KeyStatus.DONE:
+                    return Begun(answer=json.loads(answer), stored=True)
+                if status == KeyStatus.RUNNING and owner != self.owner and _owner_alive(owner):
+                    return Begun(busy=owner)
+            db.execute(
+                "INSERT INTO keys (key, action, status, owner, attempts, updated_at) VALUES (?, ?, 'running', ?, 1, ?)"
+                " ON CONFLICT (key) DO UPDATE SET status = 'running', owner = excluded.owner,"
+                " attempts = keys.attempts + 1, error = NULL, updated_at = excluded.updated_at",
+                (key, action, self.owner, self._now()),
+            )
+        return Begun(run=True)
+
+    def finish(self, key: str, answer: Any) -> None:
+        """Store `key`'s answer: from now on it is what every dispatch of the key gets."""
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE keys SET status = 'done', answer = ?, owner = NULL, updated_at = ? WHERE key = ?",
+                (json.dumps(answer), self._now(), key),
+            )
+
+    def fail(self, key: str, error: str) -> None:
+        """The call raised: the key may run again."""
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE keys SET status = 'failed', owner = NULL, error = ?, updated_at = ?"
+                " WHERE key = ? AND status = 'running'",
+                (error[:2000], self._now(), key),
+            )
+
+    # -- revert ------------------------------------------------------------------------
+
+    def begin_revert(self, key: str, action: str) -> Begun:
+        """Tombstone `key` (no dispatch of it runs again) and answer what it produced: its
+        stored answer's resources and its late ones, `[]` when no answer is stored. Busy
+        while another live process is calling the key."""
+        with self._transaction() as db:
+            row = db.execute("SELECT status, answer, owner FROM keys WHERE key = ?", (key,)).fetchone()
+            if row is not None and row[0] == KeyStatus.RUNNING and row[2] != self.owner and _owner_alive(row[2]):
+                return Begun(busy=row[2])
+            now = self._now()
+            db.execute(
+                "INSERT INTO keys (key, action, status, updated_at, reverted_at) VALUES (?, ?, 'never', ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET reverted_at = COALESCE(keys.reverted_at, excluded.reverted_at),"
+                " status = CASE keys.status WHEN 'running' THEN 'failed' ELSE keys.status END,"
+                " owner = NULL, updated_at = excluded.updated_at",
+                (key, action, now, now),
+            )
+            resources: list[Any] = []
+            if row is not None and row[0] == KeyStatus.DONE and row[1] is not None:
+                answer = json.loads(row[1])
+                if isinstance(answer, dict) and isinstance(answer.get("resources"), list):
+                    resources = list(answer["resources"])
+                resources += [json.loads(r) for (r,) in db.execute(_LATE, (key,))]
+        return Begun(run=True, answer=resources)
+
+    def finish_revert(self, key: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE keys SET reverts = reverts + 1, updated_at = ? WHERE key = ?", (self._now(), key))
+
+    # -- late resources ----------------------------------------------------------------
+
+    def add_late(self, key: str, resources: list[dict[str, Any]]) -> None:
+        """Remember resources reported late against `key`, so a revert by key alone takes
+        them back down too."""
+        now = self._now()
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO late_resources (key, resource, at) VALUES (?, ?, ?)",
+                [(key, json.dumps(r), now) for r in resources],
+            )
+
+    def late(self, key: str) -> list[dict[str, Any]]:
+        with self._transaction() as db:
+            return [json.loads(r) for (r,) in db.execute(_LATE, (key,))]
+
+    # -- readers -----------------------------------------------------------------------
+
+    def entry(self, key: str) -> KeyEntry | None:
+        with self._transaction() as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM keys WHERE key = ?", (key,)).fetchone()
+        return None if row is None else _entry(row)
+
+    def entries(self) -> list[KeyEntry]:
+        """Every key, oldest first."""
+        with self._transaction() as db:
+            rows = db.execute(f"SELECT {_COLUMNS} FROM keys ORDER BY rowid").fetchall()
+        return [_entry(row) for row in rows]
+
+
+_LATE = "SELECT resource FROM late_resources WHERE key = ? ORDER BY id"
+_COLUMNS = "key, action, status, answer, owner, attempts, error, reverts, reverted_at"
+
+
+def _entry(row: tuple[Any, ...]) -> KeyEntry:
+    key, action, status, answer, owner, attempts, error, reverts, reverted_at = row
+    return KeyEntry(
+        key=key,
+        action=action,
+        status=KeyStatus(status),
+        answer=None if answer is None else json.loads(answer),
+        owner=owner,
+        attempts=attempts,
+        error=error,
+        reverts=reverts,
+        reverted_at=reverted_at,
+    )

@@ -1,0 +1,697 @@
+"""A module server: one `Module`, written with the same decorators as an in-process one,
+answering the remote protocol (docs/protocol.md, `roadie.remote.protocol`).
+
+`ModuleServer.handle` is the whole of it: one call's kind and body in, one `Reply`
+(status, body, headers) out, with the key ledger between the engine and the module's
+functions. The ASGI app (push) and the `PullClient` (pull) are two ways of feeding it, so
+both transports answer the same bodies with the same statuses.
+
+Statuses: 200 the answer; 400 a malformed body; 401 a refused signature; 404 an unknown
+action or lease; 422 parameters that fail the action's schema, or a PermanentError; 409
+(retryable) the key is being dispatched by another live process; 503 (retryable) a
+RetryableError, with `Retry-After` when it says when; 500 (retryable) anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field, is_dataclass
+from typing import Any
+
+import httpx
+import structlog
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from roadie.clock import Clock, SystemClock
+from roadie.errors import ConfigError, PermanentError, RegistryError, RetryableError, RoadieError, StepError
+from roadie.plugin.ledger import KeyLedger
+from roadie.registry.module import (
+    Answer,
+    Call,
+    InspectCall,
+    Inspected,
+    Lease,
+    LeaseCall,
+    LeaseWriteFn,
+    Module,
+    ModuleConfig,
+    Resource,
+    RevertCall,
+    RevertFailure,
+    maybe_await,
+)
+from roadie.remote import protocol
+from roadie.states import Reversible
+
+log = structlog.get_logger(__name__)
+
+View = Callable[[Any], Any]
+"""A signed GET endpoint of the server's own: given the module's state, answers JSON."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Misbehave on purpose, for the reliability tests (`roadie sandbox serve` flags).
+
+    - `fail_first`: the first N dispatches answer a retryable 503 before acting.
+    - `lose_answers`: with this probability a dispatch's answer is dropped after the
+      dispatch was carried out and stored: push breaks the connection mid-response, pull
+      never posts it. The engine sees a lost answer; the key ledger makes the retry exact.
+    - `delay`: seconds every call waits (on the server's clock) before it is handled.
+    - `seed`: of the random stream `lose_answers` draws from.
+    """
+
+    fail_first: int = 0
+    lose_answers: float = 0.0
+    delay: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fail_first < 0:
+            raise ValueError("fail_first cannot be negative")
+        if not 0.0 <= self.lose_answers <= 1.0:
+            raise ValueError(f"lose_answers must be a probability, got {self.lose_answers!r}")
+        if self.delay < 0:
+            raise ValueError("delay cannot be negative")
+
+
+@dataclass
+class Reply:
+    """One call's answer: what a push server sends, and what a pull client posts back."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    lost: bool = False  # a `lose_answers` fault: carried out and stored, never delivered
+
+
+class AnswerDropped(RoadieError):
+    """The answer was dropped on purpose (the lose-answers fault knob): the call was carried
+    out and its answer stored, and the connection was broken before the answer was sent."""
+
+
+class _Refusal(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        *,
+        retryable: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.retryable = retryable
+        self.headers = dict(headers or {})
+
+
+class ModuleServer:
+    """Serves `module`: its state opened by its setup hook with `settings`, its key ledger
+    in the SQLite file `ledger_path`, every request checked against `secret`.
+
+    Open it with `await server.open()` (or `async with server:`; the ASGI app's lifespan
+    does it, and the first request does it if nothing did). `engine_url` is where
+    `report` sends late resources. `views` adds signed GET endpoints of the server's own.
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        *,
+        secret: str,
+        ledger_path: str,
+        settings: Mapping[str, Any] | None = None,
+        base_dir: str = ".",
+        clock: Clock | None = None,
+        faults: Faults | None = None,
+        engine_url: str | None = None,
+        views: Mapping[str, View] | None = None,
+        max_skew: float = protocol.MAX_SKEW,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        if not secret:
+            raise ConfigError(f"module server {module.name!r} needs a shared secret")
+        module.check()
+        self.module = module
+        self._secret = secret
+        self.ledger_path = ledger_path
+        self.settings = dict(settings or {})
+        self.base_dir = base_dir
+        self.clock: Clock = clock or SystemClock()
+        self.faults = faults or Faults()
+        self.engine_url = engine_url.rstrip("/") if engine_url else None
+        self.views = dict(views or {})
+        self.max_skew = max_skew
+        self._manifest = build_manifest(module)
+        self._http = http
+        self._own_http = http is None
+        self._rng = random.Random(self.faults.seed)
+        self._failed_first = 0
+        self._open_lock: asyncio.Lock | None = None
+        self._key_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._ledger: KeyLedger | None = None
+        self.state: Any = None
+
+    def __repr__(self) -> str:  # never the secret
+        return f"<ModuleServer {self.module.name} ledger={self.ledger_path!r}>"
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._ledger is not None
+
+    @property
+    def ledger(self) -> KeyLedger:
+        if self._ledger is None:
+            raise RoadieError(f"module server {self.module.name!r} is not open")
+        return self._ledger
+
+    async def open(self) -> None:
+        """Open the key ledger and run the module's setup hook; opening twice is once."""
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._ledger is not None:
+                return
+            ledger = KeyLedger(self.ledger_path, self.clock)
+            try:
+                if self.module.setup_fn is not None:
+                    config = ModuleConfig(settings=self.settings, clock=self.clock, base_dir=self.base_dir)
+                    self.state = await maybe_await(self.module.setup_fn(config))
+            except BaseException:
+                ledger.close()
+                raise
+            self._ledger = ledger
+            log.info("module server open", module=self.module.name, ledger=self.ledger_path)
+
+    async def close(self) -> None:
+        """Close the module's state, the key ledger and the HTTP client; closing twice is once."""
+        ledger, self._ledger = self._ledger, None
+        if ledger is None:
+            return
+        try:
+            if self.module.close_fn is not None:
+                await maybe_await(self.module.close_fn(self.state))
+        finally:
+            self.state = None
+            ledger.close()
+            if self._own_http and self._http is not None:
+                await self._http.aclose()
+                self._http = None
+
+    async def __aenter__(self) -> ModuleServer:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the protocol ------------------------------------------------------------------
+
+    def manifest(self) -> protocol.Manifest:
+        return self._manifest
+
+    async def handle_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Reply:
+        """One HTTP request: its signature checked, then routed by method and path."""
+        try:
+            protocol.verify(self._secret, method, path, headers, body, max_skew=self.max_skew)
+        except protocol.SignatureRefused as exc:
+            log.info("request refused", module=self.module.name, path=path, reason=exc.message)
+            return Reply(401, protocol.error_body(exc.message))
+        if method == "GET" and path == protocol.MANIFEST:
+            return Reply(200, self._manifest.model_dump(mode="json"))
+        if method == "GET" and path in self.views:
+            return await self._view(self.views[path])
+        for kind, call_path in protocol.CALL_PATHS.items():
+            if path == call_path:
+                if method != "POST":
+                    return Reply(405, protocol.error_body(f"{path} takes POST, not {method}"))
+                return await self.handle(kind, body)  # type: ignore[arg-type]
+        return Reply(404, protocol.error_body(f"no such path {path!r}"))
+
+    async def handle(self, kind: protocol.CallKind, body: bytes) -> Reply:
+        """One call of the protocol, already authenticated: its reply, whatever happens."""
+        try:
+            await self.open()
+            if self.faults.delay:
+                await self.clock.sleep(self.faults.delay)
+            handler = self._handlers[kind]
+            reply: Reply = await handler(self, body)
+            return reply
+        except _Refusal as exc:
+            return _refused(exc)
+        except StepError as exc:
+            message = exc.message or type(exc).__name__
+            if not exc.retryable:
+                return Reply(422, protocol.error_body(message, field=getattr(exc, "field", None)))
+            headers = {}
+            if exc.next_retry_delay is not None:
+                headers["Retry-After"] = str(max(0, math.ceil(exc.next_retry_delay)))
+            return Reply(503, protocol.error_body(message, retryable=True), headers)
+        except RoadieError as exc:
+            return Reply(422, protocol.error_body(exc.message or type(exc).__name__))
+        except Exception as exc:
+            # It may have acted before it raised: the engine retries under the same key, and
+            # the module's tags (or this ledger, once an answer is stored) keep that exact.
+            log.warning("call failed", module=self.module.name, kind=kind, exc_info=True)
+            return Reply(500, protocol.error_body(f"{type(exc).__name__}: {exc}", retryable=True))
+
+    async def _view(self, view: View) -> Reply:
+        try:
+            await self.open()
+            return Reply(200, _jsonable(await maybe_await(view(self.state))))
+        except Exception as exc:
+            log.warning("view failed", module=self.module.name, exc_info=True)
+            return Reply(500, protocol.error_body(f"{type(exc).__name__}: {exc}", retryable=True))
+
+    async def _dispatch(self, body: bytes) -> Reply:
+        request = _parse(protocol.DispatchRequest, body)
+        action = self.module.actions.get(request.action)
+        if action is None:
+            raise _Refusal(404, f"module {self.module.name!r} has no action {request.action!r}", "action")
+        try:
+            params = action.params.model_validate(request.params)
+        except ValidationError as exc:
+            message, where = _first_error(exc)
+            raise _Refusal(422, f"{action.id}: {message}", f"params.{where}" if where else "params") from None
+        if self._failed_first < self.faults.fail_first:
+            self._failed_first += 1
+            raise RetryableError(f"injected failure {self._failed_first} of {self.faults.fail_first} (fail_first)")
+        key = request.idempotency_key
+        with self._held(key) as lock:
+            async with lock:
+                begun = self.ledger.begin(key, action.name)
+                if begun.refused is not None:
+                    raise _Refusal(422, begun.refused, "idempotency_key")
+                if begun.busy is not None:
+                    raise _Refusal(409, f"key {key!r} is being dispatched by another process", retryable=True)
+                if begun.stored:
+                    log.info("answer replayed", module=self.module.name, action=action.name, key=key)
+                    answer = begun.answer
+                else:
+                    call = Call(
+                        run_id=request.run_id,
+                        step_id=request.step_id,
+                        idempotency_key=key,
+                        attempt=request.attempt,
+                        params=params,
+                        state=self.state,
+                        clock=self.clock,
+                    )
+                    try:
+                        answer = wire_answer(await action.call(call))
+                    except BaseException as exc:
+                        self.ledger.fail(key, f"{type(exc).__name__}: {exc}")
+                        raise
+                    self.ledger.finish(key, answer)
+        lost = self.faults.lose_answers > 0 and self._rng.random() < self.faults.lose_answers
+        if lost:
+            log.info("answer dropped on purpose", module=self.module.name, action=action.name, key=key)
+        return Reply(200, answer, lost=lost)
+
+    async def _revert(self, body: bytes) -> Reply:
+        request = _parse(protocol.RevertRequest, body)
+        action = self.module.actions.get(request.action)
+        if action is None:
+            raise _Refusal(404, f"module {self.module.name!r} has no action {request.action!r}", "action")
+        if action.revert_fn is None:
+            raise _Refusal(422, f"{action.id} is not a 'ledger' action: it has no revert", "action")
+        key = request.idempotency_key
+        with self._held(key) as lock:
+            async with lock:
+                begun = self.ledger.begin_revert(key, action.name)
+                if begun.busy is not None:
+                    raise _Refusal(409, f"key {key!r} is being dispatched by another process", retryable=True)
+                given = [_resource(r.model_dump(by_alias=True)) for r in request.resources]
+                # No resources given: whatever this key produced, as its stored answer says;
+                # none stored (the action crashed midway), so the module finds it by its tags.
+                resources = given or [_resource(r) for r in begun.answer if isinstance(r, dict)]
+                call = RevertCall(
+                    run_id=request.run_id, idempotency_key=key, resources=resources, state=self.state, clock=self.clock
+                )
+                result = await maybe_await(action.revert_fn(call))
+                self.ledger.finish_revert(key)
+        failures = [_failure(f) for f in result or []]
+        log.info("reverted", module=self.module.name, action=action.name, key=key, failures=len(failures))
+        return Reply(200, protocol.RevertAnswer(failures=failures).model_dump(mode="json"))
+
+    async def _inspect(self, body: bytes) -> Reply:
+        request = _parse(protocol.InspectRequest, body)
+        if self.module.inspect_fn is None:
+            raise _Refusal(404, f"module {self.module.name!r} does not answer inspect")
+        resources = [_resource(r.model_dump(by_alias=True)) for r in request.resources]
+        call = InspectCall(
+            run_id=request.run_id,
+            idempotency_key=request.idempotency_key,
+            resources=resources,
+            state=self.state,
+            clock=self.clock,
+            action=request.action or None,
+        )
+        found = list(await maybe_await(self.module.inspect_fn(call)) or [])
+        if len(found) != len(resources):
+            raise RoadieError(f"inspect answered {len(found)} entries for {len(resources)} resources")
+        answer = protocol.InspectAnswer(
+            resources=[_inspected(entry, resource) for entry, resource in zip(found, resources, strict=True)]
+        )
+        return Reply(200, answer.model_dump(mode="json"))
+
+    def _lease_call(self, body: bytes) -> tuple[protocol.LeaseRequest, Lease, LeaseCall]:
+        request = _parse(protocol.LeaseRequest, body)
+        lease = self.module.leases.get(request.lease)
+        if lease is None:
+            raise _Refusal(404, f"module {self.module.name!r} has no lease {request.lease!r}", "lease")
+        if lease.targeted and not request.target:
+            raise _Refusal(422, f"{lease.id} is targeted: name its target", "target")
+        if not lease.targeted and request.target is not None:
+            raise _Refusal(422, f"{lease.id} is not targeted: it takes no target", "target")
+        call = LeaseCall(
+            lease=lease.name,
+            target=request.target,
+            state=self.state,
+            clock=self.clock,
+            idempotency_key=request.idempotency_key,
+            run_id=request.run_id,
+        )
+        return request, lease, call
+
+    async def _lease_read(self, body: bytes) -> Reply:
+        _request, lease, call = self._lease_call(body)
+        value = await maybe_await(lease.read_fn(call))
+        return Reply(200, protocol.LeaseValue(value=_jsonable(value)).model_dump(mode="json"))
+
+    async def _lease_apply(self, body: bytes) -> Reply:
+        request, lease, call = self._lease_call(body)
+        await maybe_await(_writer(lease)(call, request.value))
+        return Reply(200, {})
+
+    async def _lease_restore(self, body: bytes) -> Reply:
+        request, lease, call = self._lease_call(body)
+        await maybe_await((lease.restore_fn or _writer(lease))(call, request.value))
+        return Reply(200, {})
+
+    _handlers: dict[str, Callable[[ModuleServer, bytes], Any]] = {
+        "dispatch": _dispatch,
+        "revert": _revert,
+        "inspect": _inspect,
+        "lease.read": _lease_read,
+        "lease.apply": _lease_apply,
+        "lease.restore": _lease_restore,
+    }
+
+    @contextmanager
+    def _held(self, key: str) -> Iterator[asyncio.Lock]:
+        """The key's in-process lock, forgotten once nobody waits on it: concurrent
+        duplicates of one key queue behind the first and then find its stored answer."""
+        lock, users = self._key_locks.get(key) or (asyncio.Lock(), 0)
+        self._key_locks[key] = (lock, users + 1)
+        try:
+            yield lock
+        finally:
+            lock, users = self._key_locks[key]
+            if users <= 1:
+                del self._key_locks[key]
+            else:
+                self._key_locks[key] = (lock, users - 1)
+
+    # -- late reports ------------------------------------------------------------------
+
+    async def report(
+        self, idempotency_key: str, resources: Sequence[Any], *, engine_url: str | None = None
+    ) -> protocol.ReportAnswer:
+        """Report resources an effect made by itself afterwards, against its step's key.
+
+        They are kept in the key ledger first (so a revert by key alone covers them even if
+        the engine never hears of them), then POSTed, signed, to the engine's gateway.
+        Raises RetryableError when the engine could not be reached or may take them later,
+        PermanentError when it refused them.
+        """
+        url = (engine_url or self.engine_url or "").rstrip("/")
+        if not url:
+            raise ConfigError(f"module server {self.module.name!r} has no engine_url to report to")
+        await self.open()
+        wire = [wire_resource(r) for r in resources]
+        self.ledger.add_late(idempotency_key, wire)
+        body = protocol.ReportRequest(idempotency_key=idempotency_key, resources=wire).model_dump(mode="json")
+        status, answer = await self.post(url, protocol.REPORT, body, key=idempotency_key)
+        if 200 <= status < 300:
+            return protocol.ReportAnswer.model_validate(answer)
+        message = f"{self.module.name} report: HTTP {status}: {_error_message(answer)}"
+        if protocol.retryable_status(status):
+            raise RetryableError(message)
+        raise PermanentError(message)
+
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        return self._http
+
+    async def post(
+        self, base_url: str, path: str, body: Any, *, key: str = protocol.NO_KEY, read_timeout: float | None = None
+    ) -> tuple[int, Any]:
+        """POST `body` to the engine, signed as this module; its status and parsed body.
+        A transport failure raises RetryableError."""
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name)
+        try:
+            response = await self.http().post(
+                base_url + path,
+                content=raw,
+                headers=headers,
+                timeout=httpx.USE_CLIENT_DEFAULT if read_timeout is None else read_timeout,
+            )
+        except httpx.TransportError as exc:
+            raise RetryableError(f"{self.module.name}: {base_url}{path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            parsed = response.json() if response.content else None
+        except ValueError:
+            parsed = response.text[:200]
+        return response.status_code, parsed
+
+    # -- ASGI ----------------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        """The push server: an ASGI app whose lifespan opens and closes this server."""
+
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            await self.open()
+            try:
+                yield
+            finally:
+                await self.close()
+
+        endpoint = _Endpoint(self)
+        routes = [Route(protocol.MANIFEST, endpoint, methods=["GET"])]
+        routes += [Route(path, endpoint, methods=["POST"]) for path in protocol.CALL_PATHS.values()]
+        routes += [Route(path, endpoint, methods=["GET"]) for path in self.views]
+        app = Starlette(routes=routes, lifespan=lifespan)
+        app.state.roadie = self
+        return app
+
+
+class _Endpoint:
+    """Every route's ASGI endpoint. Raw ASGI rather than a Response, because a dropped
+    answer must break the connection mid-response, not end it with a clean status."""
+
+    def __init__(self, server: ModuleServer) -> None:
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        body = await request.body()
+        reply = await self.server.handle_request(request.method, request.url.path, request.headers, body)
+        content = json.dumps(reply.body, separators=(",", ":")).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
+        headers += [(name.lower().encode(), value.encode()) for name, value in reply.headers.items()]
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        if reply.lost:
+            # Headers promised a body that never comes: the server closes the connection
+            # and the client sees a broken response, exactly like a crash after acting.
+            raise AnswerDropped()
+        await send({"type": "http.response.body", "body": content})
+
+
+def serve_module(
+    module: Module,
+    *,
+    secret: str,
+    ledger_path: str,
+    settings: Mapping[str, Any] | None = None,
+    base_dir: str = ".",
+    clock: Clock | None = None,
+    faults: Faults | None = None,
+    engine_url: str | None = None,
+    views: Mapping[str, View] | None = None,
+) -> Starlette:
+    """An ASGI app serving `module` over the remote protocol. Its `ModuleServer` is
+    `app.state.roadie` (for `report`, or to open and close it without a lifespan)."""
+    server = ModuleServer(
+        module,
+        secret=secret,
+        ledger_path=ledger_path,
+        settings=settings,
+        base_dir=base_dir,
+        clock=clock,
+        faults=faults,
+        engine_url=engine_url,
+        views=views,
+    )
+    return server.app()
+
+
+# -- manifests and answers ---------------------------------------------------------------
+
+
+def build_manifest(module: Module) -> protocol.Manifest:
+    """The manifest of `module`: its actions with their classes and parameter JSON Schemas,
+    its leases, and whether it answers inspect."""
+    actions = []
+    for action in module.actions.values():
+        if action.reversible is Reversible.OVERRIDE:
+            raise RegistryError(f"{action.id}: a remote module declares a lease, not an 'override' action")
+        try:
+            schema = action.params.model_json_schema()
+        except Exception as exc:
+            raise RegistryError(f"{action.id}: its parameters have no JSON Schema: {exc}") from exc
+        actions.append(
+            protocol.ActionSpec(
+                name=action.name, reversible=action.reversible.value, description=action.description, params=schema
+            )
+        )
+    leases = [
+        protocol.LeaseSpec(name=lease.name, targeted=lease.targeted, description=lease.description)
+        for lease in module.leases.values()
+    ]
+    return protocol.Manifest(
+        module=module.name,
+        description=module.description,
+        actions=actions,
+        leases=leases,
+        inspect=module.inspect_fn is not None,
+    )
+
+
+def wire_resource(resource: Any) -> Any:
+    """A resource as it crosses the wire: `{kind, ref, payload, memberKey}`."""
+    if isinstance(resource, Resource):
+        out: dict[str, Any] = {"kind": resource.kind, "ref": resource.ref, "payload": _jsonable(resource.payload)}
+        if resource.member_key is not None:
+            out["memberKey"] = resource.member_key
+        return out
+    if isinstance(resource, BaseModel):
+        return _jsonable(resource.model_dump(mode="json", by_alias=True, exclude_none=True))
+    if isinstance(resource, Mapping):
+        out = {str(k): v for k, v in resource.items()}
+        if "member_key" in out:
+            member_key = out.pop("member_key")
+            if member_key is not None:
+                out.setdefault("memberKey", member_key)
+        return _jsonable(out)
+    return _jsonable(resource)  # not a resource: the engine refuses it, and says why
+
+
+def wire_answer(raw: Any) -> Any:
+    """What an action returned, as `{"resources": [...], "output": ...}`. Something that is
+    not an answer is passed on as it is, so the engine refuses it as it would in-process."""
+    if raw is None:
+        return {"resources": [], "output": None}
+    if isinstance(raw, Answer):
+        resources, output = raw.resources, raw.output
+    elif isinstance(raw, list):
+        resources, output = raw, None
+    elif isinstance(raw, dict) and set(raw) <= {"resources", "output"}:
+        resources, output = raw.get("resources") or [], raw.get("output")
+    else:
+        return _jsonable(raw)
+    if not isinstance(resources, list):
+        return {"resources": _jsonable(resources), "output": _jsonable(output)}
+    return {"resources": [wire_resource(r) for r in resources], "output": _jsonable(output)}
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` as JSON would carry it; what JSON cannot carry becomes its string."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return json.loads(json.dumps(value, default=str))
+
+
+def _resource(entry: Mapping[str, Any]) -> Resource:
+    member_key = entry.get("memberKey", entry.get("member_key"))
+    return Resource(
+        kind=str(entry.get("kind", "")),
+        ref=str(entry.get("ref", "")),
+        payload=entry.get("payload"),
+        member_key=None if member_key is None else str(member_key),
+    )
+
+
+def _failure(entry: Any) -> protocol.RevertFailureBody:
+    if isinstance(entry, RevertFailure):
+        return protocol.RevertFailureBody(kind=entry.kind, ref=entry.ref, message=entry.message)
+    if isinstance(entry, Mapping):
+        return protocol.RevertFailureBody(
+            kind=str(entry.get("kind", "")), ref=str(entry.get("ref", "")), message=str(entry.get("message", ""))
+        )
+    raise RoadieError(f"revert answered a failure that is not one: {entry!r:.80}")
+
+
+def _inspected(entry: Any, resource: Resource) -> protocol.Inspected:
+    if isinstance(entry, Inspected):
+        return protocol.Inspected(kind=entry.kind, ref=entry.ref, exists=entry.exists, ours=entry.ours)
+    if isinstance(entry, Mapping):
+        exists = bool(entry.get("exists"))
+        return protocol.Inspected(
+            kind=str(entry.get("kind", resource.kind)),
+            ref=str(entry.get("ref", resource.ref)),
+            exists=exists,
+            ours=exists and bool(entry.get("ours")),
+        )
+    raise RoadieError(f"inspect answered an entry that is not one: {entry!r:.80}")
+
+
+def _writer(lease: Lease) -> LeaseWriteFn:
+    if lease.write_fn is None:  # Module.check() refused this at construction
+        raise RoadieError(f"lease {lease.id} has no writer")
+    return lease.write_fn
+
+
+def _parse(model: type[Any], body: bytes) -> Any:
+    try:
+        json.loads(body or b"null")
+    except ValueError:
+        raise _Refusal(400, "malformed request: the body is not JSON") from None
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        message, where = _first_error(exc)
+        raise _Refusal(400, f"malformed request: {message}", where or None) from None
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return (f"{where}: {first['msg']}" if where else str(first["msg"])), where
+
+
+def _refused(exc: _Refusal) -> Reply:
+    return Reply(exc.status, protocol.error_body(exc.message, retryable=exc.retryable, field=exc.field), exc.headers)
+
+
+def _error_message(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", ""))
+    return str(body)[:200]
