@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from roadie.cli.conformance import conformance
 from roadie.cli.context import Context, configure_logging, open_context
 from roadie.cli.progress import RunProgress
 from roadie.cli.sandbox_serve import SecretOption, fetch_world, serve
@@ -38,6 +39,7 @@ sandbox_app = typer.Typer(help="The embedded sandbox world.", no_args_is_help=Tr
 app.add_typer(event_app, name="event")
 app.add_typer(run_app, name="run")
 app.add_typer(sandbox_app, name="sandbox")
+app.command("conformance")(conformance)
 
 console = Console()
 err = Console(stderr=True)

@@ -1,0 +1,95 @@
+"""`roadie conformance URL --secret S`: check a module server against the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from roadie.conformance import RULE_NAMES, ConformanceOptions, Outcome, Report, run_conformance
+from roadie.conformance.transport import TransportFailed
+
+_STYLE = {Outcome.PASS: "[green]pass[/]", Outcome.FAIL: "[red]FAIL[/]", Outcome.SKIP: "[yellow]skip[/]"}
+
+
+def _pairs(values: list[str], flag: str, *, as_json: bool) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=flag)
+        if as_json:
+            try:
+                found[name] = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise typer.BadParameter(f"{name}: not JSON: {exc}", param_hint=flag) from None
+        else:
+            found[name] = value
+    return found
+
+
+def conformance(
+    url: str = typer.Argument(..., help="The module server's URL (with --pull: where to serve the work queue)."),
+    secret: str = typer.Option(
+        ...,
+        "--secret",
+        envvar="ROADIE_CONFORMANCE_SECRET",
+        help="The module's shared secret (env ROADIE_CONFORMANCE_SECRET).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    target: list[str] = typer.Option([], "--target", help="LEASE=TARGET: the target to test a targeted lease on."),
+    params: list[str] = typer.Option([], "--params", help="ACTION=JSON: the params to test an action with."),
+    value: list[str] = typer.Option([], "--value", help="LEASE=JSON: the value to borrow while testing a lease."),
+    rule: list[str] = typer.Option([], "--rule", help=f"Only these rules ({', '.join(RULE_NAMES)})."),
+    pull: bool = typer.Option(False, "--pull", help="Serve a work queue at URL and check the module that polls it."),
+    module: str | None = typer.Option(None, "--module", help="With --pull: the module's name."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for each answer."),
+) -> None:
+    """Check a module server against the remote protocol: one row per rule, exit 1 on any failure.
+
+    Everything the checks make is made under keys of their own and reverted by key at the
+    end, so a live world is left as it was.
+    """
+    unknown = [r for r in rule if r not in RULE_NAMES]
+    if unknown:
+        raise typer.BadParameter(f"no such rule: {', '.join(unknown)}", param_hint="--rule")
+    options = ConformanceOptions(
+        params=_pairs(params, "--params", as_json=True),
+        targets=_pairs(target, "--target", as_json=False),
+        values=_pairs(value, "--value", as_json=True),
+        pull=pull,
+        module=module,
+        timeout=timeout,
+        rules=rule or None,
+    )
+    err = Console(stderr=True)
+    try:
+        report = asyncio.run(run_conformance(url, secret, options=options))
+    except TransportFailed as exc:  # --pull could not listen: the operator's to fix
+        err.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        print_report(report, Console())
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def print_report(report: Report, console: Console) -> None:
+    table = Table(title=f"conformance of {report.module or '?'} at {report.url} ({report.mode})", title_justify="left")
+    table.add_column("rule", style="bold", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    for result in report.results:
+        table.add_row(f"{result.rule}\n[dim]{result.title}[/]", _STYLE[result.outcome], result.detail)
+    console.print(table)
+    failed = report.failed
+    if failed:
+        console.print(f"[red]{len(failed)} rule(s) failed:[/] {', '.join(r.rule for r in failed)}")
+    else:
+        console.print("[green]conforms[/]")

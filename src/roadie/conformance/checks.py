@@ -1,0 +1,626 @@
+"""The rules a module server is checked against (docs/protocol.md, "Conformance").
+
+Each rule is one coroutine over a `Session`: it raises `Failed` with what it saw, or
+`Skipped` when it does not apply, and otherwise answers a line of detail. The rules only
+ever talk to the module through a `Transport`, so the same rules check a push server and
+a polling module. Every ledger dispatch is made under a key of this session, and the
+last rule, `cleanup`, reverts every one of them, so that checking a live world leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from roadie.conformance.params import check_schema, example_params, invalid
+from roadie.conformance.report import Outcome, Report, RuleResult
+from roadie.conformance.transport import Kind, RawTransport, Transport, TransportFailed, path_of
+from roadie.remote import protocol
+
+# Retryable answers (409 in flight, 429 busy, 5xx) and transport failures are tried again
+# under the same key, as the engine would; this many times, backing off to at most 1 s.
+ATTEMPTS = 8
+BACKOFF = 0.05
+
+MAX_KIND = 64
+MAX_REF = 190
+
+
+@dataclass(frozen=True)
+class ConformanceOptions:
+    """How to check a module.
+
+    `params`: parameters per action name (else made from the action's JSON Schema).
+    `targets`: a target per targeted lease (a targeted lease without one is skipped).
+    `values`: the value to borrow per lease (else one of the same JSON type as it reads).
+    `pull`: serve a work queue at the URL and check a module that polls it.
+    `rules`: only these rules (the manifest and cleanup always run).
+    `http_transport`: httpx's transport for push (an `httpx.ASGITransport` in tests).
+    """
+
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    targets: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+    pull: bool = False
+    module: str | None = None  # pull: the module's name, when more than one could announce
+    concurrency: int = 10
+    timeout: float = 30.0  # per call
+    rule_timeout: float = 120.0
+    announce_timeout: float = 60.0  # pull: how long to wait for the module to announce
+    rules: Sequence[str] | None = None
+    http_transport: httpx.AsyncBaseTransport | None = None
+
+
+class Failed(Exception):
+    """The module broke the rule; the message says how."""
+
+
+class Skipped(Exception):
+    """The rule does not apply to this module; the message says why."""
+
+
+@dataclass
+class Made:
+    action: str
+    resources: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", ""))[:200]
+    text = body if isinstance(body, str) else json.dumps(body, default=str)
+    return text[:200]
+
+
+def _refs(resources: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [f"{r.get('kind')}:{r.get('ref')}" for r in resources]
+
+
+def resource_problem(entry: Any) -> str | None:
+    """Why the engine's ledger would drop this resource entry, or None (DESIGN §4.4)."""
+    if not isinstance(entry, dict):
+        return f"not an object: {entry!r:.60}"
+    kind, ref, member = entry.get("kind"), entry.get("ref"), entry.get("memberKey")
+    if not isinstance(kind, str) or not 1 <= len(kind) <= MAX_KIND:
+        return f"kind must be a string of 1-{MAX_KIND} characters: {kind!r:.80}"
+    if kind == "@step":
+        return "kind '@step' is reserved for the engine"
+    if not isinstance(ref, str) or not 1 <= len(ref) <= MAX_REF:
+        return f"ref must be a string of 1-{MAX_REF} characters: {ref!r:.80}"
+    if member is not None and (not isinstance(member, str) or len(member) > MAX_REF):
+        return f"memberKey must be a string of at most {MAX_REF} characters"
+    return None
+
+
+class Session:
+    """One conformance run's state: the manifest, the action under test, what was made."""
+
+    def __init__(self, transport: Transport, options: ConformanceOptions) -> None:
+        self.transport = transport
+        self.options = options
+        self.tag = secrets.token_hex(4)
+        self.run_id = random.randint(1 << 30, (1 << 31) - 1)
+        self._counter = 0
+        self.manifest: protocol.Manifest | None = None
+        self.action: protocol.ActionSpec | None = None
+        self.params: dict[str, Any] = {}
+        self.no_action = ""  # why there is no ledger action to test with
+        self.made: dict[str, Made] = {}
+        self.gone: list[tuple[str, list[dict[str, Any]]]] = []  # reverted by key: (key, resources)
+        self.borrowed: dict[tuple[str, str | None], Any] = {}  # (lease, target) -> the value to restore
+        self.kinds: set[str] = set()
+
+    # -- keys and calls -------------------------------------------------------------
+
+    def new_key(self, label: str) -> str:
+        self._counter += 1
+        return f"roadie-conformance-{self.tag}-{label}-{self._counter}"
+
+    async def ask(self, kind: Kind, body: Any, *, retry: bool = True) -> tuple[int, Any]:
+        """One call; retryable answers and transport failures are tried again, same key."""
+        last = ""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                status, answer = await self.transport.call(kind, body)
+            except TransportFailed as exc:
+                last = str(exc)
+                if not retry or attempt == ATTEMPTS:
+                    raise Failed(f"{kind}: the request failed ({last})") from exc
+            else:
+                if not retry or not protocol.retryable_status(status) or attempt == ATTEMPTS:
+                    return status, answer
+                last = f"{status} {_message(answer)}"
+            await asyncio.sleep(min(1.0, BACKOFF * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def ok(self, kind: Kind, body: Any, what: str) -> Any:
+        status, answer = await self.ask(kind, body)
+        if not 200 <= status < 300:
+            raise Failed(f"{what}: answered {status}: {_message(answer)}")
+        return answer
+
+    def need_action(self) -> protocol.ActionSpec:
+        if self.action is None:
+            raise Skipped(self.no_action or "no ledger action to test with")
+        return self.action
+
+    async def dispatch(self, key: str, *, attempt: int = 1, what: str = "dispatch") -> dict[str, Any]:
+        """Dispatch the action under test; check the answer's shape; remember what it made."""
+        action = self.need_action()
+        made = self.made.setdefault(key, Made(action.name))
+        body = protocol.DispatchRequest(
+            action=action.name,
+            run_id=self.run_id,
+            step_id=self._counter,
+            idempotency_key=key,
+            attempt=attempt,
+            params=dict(self.params),
+        ).model_dump(mode="json")
+        answer = await self.ok("dispatch", body, f"{what} {action.name} {json.dumps(self.params)}")
+        if not isinstance(answer, dict) or not isinstance(answer.get("resources", []), list):
+            raise Failed(f"{what}: the answer is not {{'resources': [...], 'output': ...}}: {_message(answer)}")
+        resources = answer.get("resources", [])
+        for entry in resources:
+            problem = resource_problem(entry)
+            if problem is not None:
+                raise Failed(f"{what}: a resource the engine's ledger would drop: {problem}")
+        for entry in resources:
+            if entry not in made.resources:
+                made.resources.append(entry)
+            self.kinds.add(entry["kind"])
+        return answer
+
+    async def made_something(self, key: str, what: str = "dispatch") -> list[dict[str, Any]]:
+        resources: list[dict[str, Any]] = (await self.dispatch(key, what=what)).get("resources", [])
+        if not resources:
+            raise Skipped(
+                f"{self.need_action().name} made no resources with params {json.dumps(self.params)}: "
+                "give it --params that make something"
+            )
+        return resources
+
+    def _wire(self, resources: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(r) for r in resources]
+
+    async def revert(self, key: str, resources: Sequence[Mapping[str, Any]], what: str) -> protocol.RevertAnswer:
+        action = self.need_action()
+        body = protocol.RevertRequest.model_validate(
+            {"action": action.name, "run_id": self.run_id, "idempotency_key": key, "resources": self._wire(resources)}
+        ).model_dump(mode="json", by_alias=True, exclude_none=True)
+        answer = await self.ok("revert", body, what)
+        try:
+            return protocol.RevertAnswer.model_validate(answer or {})
+        except ValidationError as exc:
+            raise Failed(f"{what}: the answer is not {{'failures': [...]}}: {_first(exc)}") from exc
+
+    async def inspect(self, key: str, resources: Sequence[Mapping[str, Any]], what: str) -> list[protocol.Inspected]:
+        action = self.need_action()
+        body = protocol.InspectRequest.model_validate(
+            {"action": action.name, "run_id": self.run_id, "idempotency_key": key, "resources": self._wire(resources)}
+        ).model_dump(mode="json", by_alias=True, exclude_none=True)
+        answer = await self.ok("inspect", body, what)
+        try:
+            found = protocol.InspectAnswer.model_validate(answer).resources
+        except ValidationError as exc:
+            raise Failed(
+                f"{what}: the answer is not {{'resources': [{{kind, ref, exists, ours}}]}}: {_first(exc)}"
+            ) from exc
+        if len(found) != len(resources):
+            raise Failed(f"{what}: asked after {len(resources)} resource(s), answered {len(found)}")
+        for asked, got in zip(resources, found, strict=True):
+            if (got.kind, got.ref) != (asked.get("kind"), asked.get("ref")):
+                raise Failed(
+                    f"{what}: answered {got.kind}:{got.ref} where {asked.get('kind')}:{asked.get('ref')} was asked"
+                )
+        return found
+
+    def lease_body(self, lease: str, target: str | None, key: str, value: Any = None) -> dict[str, Any]:
+        return protocol.LeaseRequest(
+            lease=lease, target=target, run_id=self.run_id, idempotency_key=key, value=value
+        ).model_dump(mode="json")
+
+    async def lease_read(self, lease: str, target: str | None, key: str, what: str) -> Any:
+        answer = await self.ok("lease.read", self.lease_body(lease, target, key), what)
+        try:
+            return protocol.LeaseValue.model_validate(answer if answer is not None else {}).value
+        except ValidationError as exc:
+            raise Failed(f"{what}: the answer is not {{'value': ...}}: {_first(exc)}") from exc
+
+
+def _first(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
+
+
+# -- the rules ------------------------------------------------------------------------
+
+
+async def check_manifest(s: Session) -> str:
+    status, answer = await s.ask("manifest", None)
+    if status != 200:
+        raise Failed(f"GET {protocol.MANIFEST} answered {status}: {_message(answer)}")
+    try:
+        manifest = protocol.Manifest.model_validate(answer)
+    except ValidationError as exc:
+        raise Failed(f"not a roadie/v1 manifest: {_first(exc)}") from exc
+    problems = []
+    for spec in manifest.actions:
+        why = check_schema(spec.params)
+        if why is not None:
+            problems.append(f"{spec.name}: params is not a valid JSON Schema: {why}")
+    names = {a.name for a in manifest.actions}
+    leases = {lease.name for lease in manifest.leases}
+    problems += [
+        f"--params names {n!r}, which the manifest does not declare" for n in s.options.params if n not in names
+    ]
+    problems += [
+        f"--target names {n!r}, which the manifest does not declare" for n in s.options.targets if n not in leases
+    ]
+    problems += [
+        f"--value names {n!r}, which the manifest does not declare" for n in s.options.values if n not in leases
+    ]
+    if problems:
+        raise Failed("; ".join(problems))
+    s.manifest = manifest
+    _choose_action(s, manifest)
+    ledger = [a.name for a in manifest.actions if a.reversible == "ledger"]
+    parts = [f"module {manifest.module}: {len(manifest.actions)} action(s), {len(manifest.leases)} lease(s)"]
+    if s.action is not None:
+        parts.append(f"testing with {s.action.name} {json.dumps(s.params)}")
+    elif not ledger:
+        parts.append("no ledger action: the ledger rules are skipped")
+    else:
+        raise Failed(s.no_action)
+    if not manifest.inspect:
+        parts.append("no inspect: what reverts did cannot be verified")
+    return "; ".join(parts)
+
+
+def _choose_action(s: Session, manifest: protocol.Manifest) -> None:
+    """The first ledger action with valid parameters, preferring those given --params."""
+    ledger = [a for a in manifest.actions if a.reversible == "ledger"]
+    ledger.sort(key=lambda a: a.name not in s.options.params)
+    reasons = []
+    for spec in ledger:
+        given = s.options.params.get(spec.name)
+        params = dict(given) if given is not None else example_params(spec.params)
+        why = invalid(spec.params, params)
+        if why is None:
+            s.action, s.params = spec, params
+            return
+        reasons.append(f"{spec.name} {json.dumps(params)}: {why}")
+    if ledger:
+        s.no_action = "no ledger action has valid params to test with (" + "; ".join(reasons) + "): pass --params"
+    else:
+        s.no_action = "the manifest declares no ledger action"
+
+
+async def check_same_key(s: Session) -> str:
+    key = s.new_key("same")
+    first = await s.dispatch(key, attempt=1, what="first dispatch")
+    second = await s.dispatch(key, attempt=2, what="second dispatch under the same key")
+    if first.get("resources") != second.get("resources"):
+        raise Failed(
+            f"the same key dispatched twice acted twice: made {_refs(first['resources'])}, "
+            f"then {_refs(second.get('resources', []))}"
+        )
+    if first.get("output") != second.get("output"):
+        raise Failed("the same key dispatched twice answered a different output: the stored answer was not returned")
+    n = s.options.concurrency
+    together = s.new_key("concurrent")
+    answers = await asyncio.gather(
+        *(s.dispatch(together, attempt=i + 1, what=f"concurrent dispatch {i + 1}/{n}") for i in range(n))
+    )
+    distinct = {json.dumps(a.get("resources"), sort_keys=True) for a in answers}
+    if len(distinct) > 1:
+        seen = sorted({ref for a in answers for ref in _refs(a.get("resources", []))})
+        raise Failed(f"{n} concurrent dispatches under one key answered {len(distinct)} different sets: {seen[:12]}")
+    if len({json.dumps(a.get("output"), sort_keys=True, default=str) for a in answers}) > 1:
+        raise Failed(f"{n} concurrent dispatches under one key answered different outputs")
+    return f"2 in a row and {n} at once under one key: the same {len(first.get('resources', []))} resource(s)"
+
+
+async def check_inspect(s: Session) -> str:
+    assert s.manifest is not None
+    s.need_action()
+    if not s.manifest.inspect:
+        raise Skipped("the manifest does not declare inspect")
+    key = s.new_key("inspect")
+    resources = await s.made_something(key)
+    found = await s.inspect(key, resources, "inspect of fresh resources")
+    wrong = [f"{i.kind}:{i.ref} exists={i.exists} ours={i.ours}" for i in found if not (i.exists and i.ours)]
+    if wrong:
+        raise Failed(f"fresh resources should be exists=true ours=true: {', '.join(wrong)}")
+    return f"{len(found)} fresh resource(s): exists and ours"
+
+
+async def check_revert_by_key(s: Session) -> str:
+    assert s.manifest is not None
+    key = s.new_key("bykey")
+    resources = await s.made_something(key)
+    answer = await s.revert(key, [], "revert by key alone (resources: [])")
+    if answer.failures:
+        raise Failed(f"revert by key alone reported failures: {[f.message for f in answer.failures]}")
+    s.gone.append((key, resources))
+    if not s.manifest.inspect:
+        return "answered without failures (not verified: no inspect)"
+    found = await s.inspect(key, resources, "inspect after revert by key")
+    left = [f"{i.kind}:{i.ref}" for i in found if i.exists and i.ours]
+    if left:
+        raise Failed(f"after revert with resources [], still there and tagged with the key: {', '.join(left)}")
+    return f"{len(resources)} resource(s) made, reverted by the key alone, gone"
+
+
+async def check_foreign_tag(s: Session) -> str:
+    assert s.manifest is not None
+    s.need_action()
+    if not s.manifest.inspect:
+        raise Skipped("needs inspect to see that the objects are still there")
+    mine = s.new_key("tagged")
+    resources = await s.made_something(mine)
+    other = s.new_key("foreign")
+    answer = await s.revert(other, resources, "revert of another key's resources")
+    if answer.failures:
+        raise Failed(
+            "reverting objects tagged with another key must succeed and leave them alone, "
+            f"but it reported failures: {[f.message for f in answer.failures]}"
+        )
+    found = await s.inspect(mine, resources, "inspect under the key that made them")
+    removed = [f"{i.kind}:{i.ref}" for i in found if not (i.exists and i.ours)]
+    if removed:
+        raise Failed(f"a revert under another key removed (or re-tagged) objects it did not make: {', '.join(removed)}")
+    theirs = await s.inspect(other, resources, "inspect under another key")
+    claimed = [f"{i.kind}:{i.ref}" for i in theirs if i.ours]
+    if claimed:
+        raise Failed(f"inspect under a key that made nothing says ours=true for {', '.join(claimed)}")
+    return f"{len(resources)} object(s) tagged with another key: left alone, and not ours to that key"
+
+
+async def check_revert_missing(s: Session) -> str:
+    s.need_action()
+    checks = []
+    never = s.new_key("never")
+    answer = await s.revert(never, [], "revert by a key that made nothing")
+    if answer.failures:
+        raise Failed(f"revert by a key that made nothing reported failures: {[f.message for f in answer.failures]}")
+    checks.append("a key that made nothing")
+    for kind in sorted(s.kinds)[:1]:
+        ghost = [{"kind": kind, "ref": f"roadie-conformance-never-made-{s.tag}"}]
+        answer = await s.revert(never, ghost, "revert of a ref that was never made")
+        if answer.failures:
+            raise Failed(f"revert of a {kind} that was never made reported: {[f.message for f in answer.failures]}")
+        checks.append(f"a {kind} that was never made")
+    for key, resources in s.gone[:1]:
+        answer = await s.revert(key, resources, "revert again of what was already reverted")
+        if answer.failures:
+            raise Failed(f"revert of what was already reverted reported: {[f.message for f in answer.failures]}")
+        checks.append("what was already reverted")
+    return "success for " + ", ".join(checks)
+
+
+async def check_signature(s: Session) -> str:
+    raw = s.transport
+    if not isinstance(raw, RawTransport):
+        # Pulled calls come in the answer to the module's own signed poll; the gateway
+        # refused any of the module's requests that were not signed with its secret.
+        return "pull: the gateway accepted the module's announce, polls and answers, all signed with its secret"
+    if s.action is not None:
+        key = s.new_key("signature")
+        s.made.setdefault(key, Made(s.action.name))
+        kind: Kind = "dispatch"
+        body = protocol.DispatchRequest(
+            action=s.action.name, run_id=s.run_id, step_id=0, idempotency_key=key, attempt=1, params=dict(s.params)
+        ).model_dump(mode="json")
+    else:
+        key = protocol.NO_KEY
+        kind = "inspect"
+        body = {"action": "none", "run_id": s.run_id, "idempotency_key": s.new_key("signature"), "resources": []}
+    path = path_of(kind)
+    content = json.dumps(body).encode()
+    tampered = json.dumps({**body, "run_id": s.run_id + 1}).encode()
+    signed = raw.signed("POST", path, content, key)
+    cases: list[tuple[str, str, str, bytes, dict[str, str]]] = [
+        ("unsigned manifest", "GET", protocol.MANIFEST, b"", {protocol.H_KEY: protocol.NO_KEY}),
+        ("unsigned", "POST", path, content, {protocol.H_KEY: key, "Content-Type": "application/json"}),
+        (
+            "wrong signature",
+            "POST",
+            path,
+            content,
+            protocol.sign(s.tag + "-not-the-secret", "POST", path, content, key=key),
+        ),
+        (
+            "stale timestamp (1 h old)",
+            "POST",
+            path,
+            content,
+            raw.signed("POST", path, content, key, now=time.time() - 3600),
+        ),
+        ("tampered body", "POST", path, tampered, signed),
+    ]
+    wrong = []
+    for name, method, where, data, headers in cases:
+        status, answer = await raw.send_raw(method, where, data, headers)
+        if status != 401:
+            wrong.append(f"{name} → {status}")
+        elif not (isinstance(answer, dict) and isinstance(answer.get("error"), dict) and "message" in answer["error"]):
+            wrong.append(f"{name} → 401 without an {{'error': {{'message'}}}} body")
+    if wrong:
+        raise Failed("not refused with 401: " + "; ".join(wrong))
+    return f"{len(cases)} bad requests refused with 401"
+
+
+async def check_malformed(s: Session) -> str:
+    key = s.new_key("malformed")
+    action = s.action.name if s.action is not None else "none"
+    cases: list[tuple[str, Kind, Any]] = [
+        ("missing fields", "dispatch", {"idempotency_key": key}),
+        ("wrong shape", "dispatch", {"action": action, "run_id": "one", "step_id": [], "idempotency_key": key}),
+        (
+            "unknown action",
+            "dispatch",
+            {"action": "no_such_action_roadie", "run_id": s.run_id, "step_id": 0, "idempotency_key": key, "attempt": 1},
+        ),
+        (
+            "unknown lease",
+            "lease.read",
+            {"lease": "no_such_lease_roadie", "target": None, "run_id": s.run_id, "idempotency_key": key},
+        ),
+    ]
+    wrong = []
+    seen = []
+    raw = s.transport
+    if isinstance(raw, RawTransport):
+        content = b'{"action": "spawn", not json'
+        status, answer = await raw.send_raw(
+            "POST", protocol.DISPATCH, content, raw.signed("POST", protocol.DISPATCH, content, key)
+        )
+        seen.append(f"invalid JSON {status}")
+        if not 400 <= status < 500:
+            wrong.append(f"invalid JSON → {status}")
+    for name, kind, body in cases:
+        status, answer = await s.ask(kind, body, retry=False)
+        seen.append(f"{name} {status}")
+        if not 400 <= status < 500:
+            wrong.append(f"{name} → {status} {_message(answer)}")
+    if wrong:
+        raise Failed("malformed requests must get a 4xx: " + "; ".join(wrong))
+    return ", ".join(seen)
+
+
+def _other_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value + 1.0
+    if isinstance(value, str):
+        return value + "-roadie" if not value.endswith("-roadie") else value[: -len("-roadie")] or "roadie"
+    if isinstance(value, list) and value:
+        return [*value, value[-1]]
+    raise Skipped(f"cannot pick a second value like {json.dumps(value)[:60]}: pass --value LEASE=JSON")
+
+
+async def check_lease_restore(s: Session) -> str:
+    assert s.manifest is not None
+    if not s.manifest.leases:
+        raise Skipped("the manifest declares no lease")
+    done, skipped = [], []
+    for spec in s.manifest.leases:
+        target = s.options.targets.get(spec.name)
+        if spec.targeted and target is None:
+            skipped.append(f"{spec.name} (targeted: pass --target {spec.name}=TARGET)")
+            continue
+        key = s.new_key(f"lease-{spec.name}")
+        label = spec.name + (f"#{target}" if target is not None else "")
+        v0 = await s.lease_read(spec.name, target, key, f"{label} read")
+        try:
+            v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
+        except Skipped as exc:
+            skipped.append(f"{label}: {exc}")
+            continue
+        s.borrowed.setdefault((spec.name, target), (key, v0))
+        await s.ok("lease.apply", s.lease_body(spec.name, target, key, v1), f"{label} apply {json.dumps(v1)}")
+        now = await s.lease_read(spec.name, target, key, f"{label} read after apply")
+        if now != v1:
+            raise Failed(f"{label}: applied {json.dumps(v1)} but read {json.dumps(now)}")
+        await s.ok("lease.restore", s.lease_body(spec.name, target, key, v0), f"{label} restore {json.dumps(v0)}")
+        back = await s.lease_read(spec.name, target, key, f"{label} read after restore")
+        if back != v0:
+            raise Failed(f"{label}: restored {json.dumps(v0)} but read {json.dumps(back)}")
+        s.borrowed.pop((spec.name, target), None)
+        done.append(f"{label} {json.dumps(v0)}→{json.dumps(v1)}→{json.dumps(v0)}")
+    if not done:
+        raise Skipped("; ".join(skipped))
+    return "; ".join(done + [f"skipped {x}" for x in skipped])
+
+
+async def check_cleanup(s: Session) -> str:
+    """Revert every key this session dispatched under, and give back every borrowed value."""
+    problems = []
+    reverted = 0
+    for key, made in s.made.items():
+        try:
+            if made.resources:
+                answer = await s.revert(key, made.resources, f"cleanup revert of {key}")
+                problems += [f"{key} {f.kind}:{f.ref}: {f.message}" for f in answer.failures]
+            answer = await s.revert(key, [], f"cleanup revert of {key} by key")
+            problems += [f"{key} {f.kind}:{f.ref}: {f.message}" for f in answer.failures]
+            if made.resources and s.manifest is not None and s.manifest.inspect:
+                found = await s.inspect(key, made.resources, f"cleanup inspect of {key}")
+                problems += [f"{key} {i.kind}:{i.ref} is still there" for i in found if i.exists and i.ours]
+            reverted += len(made.resources)
+        except (Failed, Skipped) as exc:
+            problems.append(str(exc))
+    for (lease, target), (key, value) in list(s.borrowed.items()):
+        label = lease + (f"#{target}" if target is not None else "")
+        try:
+            await s.ok("lease.restore", s.lease_body(lease, target, key, value), f"cleanup restore of {label}")
+            if await s.lease_read(lease, target, key, f"cleanup read of {label}") != value:
+                # Its restore is broken (the lease_restore rule says how): put the saved
+                # value back by a write, so that the world is left as it was found.
+                await s.ok("lease.apply", s.lease_body(lease, target, key, value), f"cleanup apply of {label}")
+                problems.append(f"{label}: restore did not give back {json.dumps(value)}; written back by apply")
+            s.borrowed.pop((lease, target))
+        except Failed as exc:
+            problems.append(str(exc))
+    if problems:
+        raise Failed("left behind: " + "; ".join(problems[:10]))
+    if not s.made and not s.borrowed:
+        return "nothing to clean up"
+    return f"{len(s.made)} key(s) reverted ({reverted} resource(s)); nothing left behind"
+
+
+Rule = Callable[[Session], Awaitable[str]]
+
+RULES: list[tuple[str, str, Rule]] = [
+    ("manifest", "manifest is valid", check_manifest),
+    ("same_key", "same key: same answer, one effect", check_same_key),
+    ("inspect", "inspect answers each resource", check_inspect),
+    ("revert_by_key", "revert by key alone", check_revert_by_key),
+    ("foreign_tag", "another key's object is left alone", check_foreign_tag),
+    ("revert_missing", "revert of something missing succeeds", check_revert_missing),
+    ("signature", "unsigned, wrong, stale, tampered: 401", check_signature),
+    ("malformed", "malformed requests: 4xx, not 5xx", check_malformed),
+    ("lease_restore", "lease restore gives back the saved value", check_lease_restore),
+    ("cleanup", "everything the checks made is reverted", check_cleanup),
+]
+RULE_NAMES = [name for name, _, _ in RULES]
+
+
+async def run_checks(transport: Transport, options: ConformanceOptions, *, url: str) -> Report:
+    """Check the module behind `transport` against every rule, in order."""
+    session = Session(transport, options)
+    report = Report(url=url, mode=transport.mode)
+    wanted = set(options.rules) if options.rules else None
+    for name, title, rule in RULES:
+        if wanted is not None and name not in wanted and name not in ("manifest", "cleanup"):
+            continue
+        if name not in ("manifest", "cleanup") and session.manifest is None:
+            report.results.append(RuleResult(name, title, Outcome.SKIP, "no valid manifest"))
+            continue
+        try:
+            detail = await asyncio.wait_for(rule(session), options.rule_timeout)
+        except Failed as exc:
+            report.results.append(RuleResult(name, title, Outcome.FAIL, str(exc)))
+        except Skipped as exc:
+            report.results.append(RuleResult(name, title, Outcome.SKIP, str(exc)))
+        except TimeoutError:
+            report.results.append(RuleResult(name, title, Outcome.FAIL, f"not done within {options.rule_timeout:.0f}s"))
+        else:
+            report.results.append(RuleResult(name, title, Outcome.PASS, detail))
+        if name == "manifest" and session.manifest is not None:
+            report.module = session.manifest.module
+    return report
