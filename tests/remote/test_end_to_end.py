@@ -1,0 +1,267 @@
+"""The engine against `roadie sandbox serve` in a process of its own, over loopback, in push
+and in pull mode: answers lost (20 %), failures retried, the module server killed -9 in the
+middle of a phase and restarted — and after cleanup the world is exactly as it was, every
+effect having happened once. Then a world that rolls back after cleanup, and `--verify`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from roadie.clock import SystemClock
+from roadie.definitions import load_definition
+from roadie.engine import Engine, EngineOptions
+from roadie.modules.sandbox import open_world
+from roadie.registry import build_registry
+from roadie.remote import attach_remote_modules, refresh_pull_module
+from roadie.remote.gateway import Gateway
+from roadie.store import Store
+from roadie.store.rows import RunRow
+from tests.remote.servers import SECRET, SandboxServer, free_port
+
+SPAWNS = 24
+PLACES = 8
+
+
+def event_text(event_id: str = "remote-invasion") -> str:
+    retry = "retry: {attempts: 15, backoff: 100ms, max_backoff: 1s}"
+    steps = [
+        f"      - {{action: sandbox.spawn, name: orcs{i}, with: {{kind: orc, region: britain, count: 2}}, {retry}}}"
+        for i in range(SPAWNS)
+    ] + [
+        f"      - {{action: sandbox.place_item, name: chest{i}, with: {{kind: chest, region: moonglow}}, {retry}}}"
+        for i in range(PLACES)
+    ]
+    return f"""
+id: {event_id}
+cleanup: auto
+phases:
+  - name: omens
+    steps:
+      - {{action: core.lease, name: storm, with: {{lease: sandbox.weather, target: britain, value: storm}}, {retry}}}
+      - {{action: core.lease, name: xp, with: {{lease: sandbox.xp_rate, value: 2.0}}, {retry}}}
+  - name: wave
+    steps:
+{chr(10).join(steps)}
+"""
+
+
+@dataclass
+class Remote:
+    store: Store
+    engine: Engine
+    server: SandboxServer
+
+
+@contextlib.asynccontextmanager
+async def remote_engine(
+    tmp_path: Path, server: SandboxServer, *, pull: bool, gateway_port: int
+) -> AsyncIterator[Remote]:
+    table: dict[str, Any] = {"transport": "pull", "secret": SECRET} if pull else {"url": server.url, "secret": SECRET}
+    modules = {"sandbox": table}
+    clock = SystemClock()
+    if not pull:
+        server.start()  # its manifest is fetched when the module is attached
+    registry = build_registry(modules, clock=clock)
+    store = await Store.open(f"sqlite:///{tmp_path / 'roadie.db'}")
+    remotes = await attach_remote_modules(registry, modules, store, base_dir=str(tmp_path))
+    remotes.queue.visibility = 2.0  # a pulled call the killed server never answered comes back soon
+    engine = Engine(store, registry, clock=clock, options=EngineOptions(concurrency=16, poll_interval=0.05, seed=7))
+    gateway_server: uvicorn.Server | None = None
+    gateway_task: asyncio.Task[None] | None = None
+    if pull:
+        gateway = Gateway(
+            store,
+            remotes.queue,
+            remotes.secrets,
+            registry,
+            on_announce=lambda m: refresh_pull_module(registry, remotes, m, str(tmp_path)),
+        )
+        config = uvicorn.Config(gateway.app(), host="127.0.0.1", port=gateway_port, log_level="warning")
+        gateway_server = uvicorn.Server(config)
+        gateway_task = asyncio.create_task(gateway_server.serve())
+        while not gateway_server.started:
+            await asyncio.sleep(0.02)
+    if pull:
+        server.start()
+        deadline = time.monotonic() + 20
+        while not registry.module("sandbox").actions:
+            assert time.monotonic() < deadline, f"the pulling server never announced itself:\n{server.log.read_text()}"
+            await asyncio.sleep(0.05)
+    try:
+        yield Remote(store, engine, server)
+    finally:
+        server.stop()
+        if gateway_server is not None and gateway_task is not None:
+            gateway_server.should_exit = True
+            await gateway_task
+        await store.close()
+        await registry.close()
+
+
+async def wait_for(check: Any, seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def carry_out_with_a_kill(remote: Remote) -> RunRow:
+    """Start the run, kill -9 the server once part of the wave has answered, restart it,
+    and wait for the run to end and be cleaned up."""
+    store, engine = remote.store, remote.engine
+    definition = load_definition(event_text(), "remote.yaml", engine.registry)
+    event = await store.create_event_version(
+        definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), event_text(), "test",
+        engine.clock.now(),
+    )  # fmt: skip
+    worker = asyncio.create_task(engine.run_forever())
+    try:
+        run = await engine.start_run(event, {})
+
+        async def some_of_the_wave_answered() -> bool:
+            done = [s for s in await store.list_steps(run.id) if s.phase == 1 and s.status == "succeeded"]
+            return len(done) >= 4
+
+        await wait_for(some_of_the_wave_answered, 60, "the wave to begin")
+        remote.server.kill()
+        await asyncio.sleep(0.5)
+        remote.server.start()
+
+        async def ended_and_cleaned() -> RunRow | None:
+            current = await store.get_run(run.id)
+            return current if current.cleanup_status in ("complete", "incomplete") else None
+
+        return await wait_for(ended_and_cleaned, 120, "the run to end and be cleaned up")
+    finally:
+        engine.stop()
+        await worker
+
+
+def assert_every_effect_once(world_path: Path) -> None:
+    world = open_world(str(world_path), SystemClock())
+    try:
+        effects = world.effects()
+    finally:
+        world.close()
+    made = Counter((e["key"], e["kind"], e["idx"]) for e in effects if e["op"] == "create")
+    assert made
+    assert max(made.values()) == 1, [k for k, n in made.items() if n > 1]
+    removed = Counter(e["ref"] for e in effects if e["op"] == "remove")
+    assert not removed or max(removed.values()) == 1
+    created_refs = {e["ref"] for e in effects if e["op"] == "create"}
+    assert created_refs == set(removed), "everything made was removed, once"
+    assert len(created_refs) == SPAWNS * 2 + PLACES
+
+
+def world_state(path: Path) -> dict[str, Any]:
+    world = open_world(str(path), SystemClock())
+    try:
+        return world.snapshot()
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
+def test_a_run_over_the_network_is_exact_through_faults_and_a_kill(tmp_path: Path, pull: bool) -> None:
+    gateway_port = free_port()
+    server = SandboxServer(
+        tmp_path,
+        "--lose-answers", "0.2", "--fail-first", "2", "--seed", "3",
+        pull=f"http://127.0.0.1:{gateway_port}" if pull else None,
+    )  # fmt: skip
+
+    async def body() -> None:
+        async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
+            before = world_state(server.world)
+            run = await carry_out_with_a_kill(remote)
+            assert run.status == "succeeded", run.error
+            assert run.cleanup_status == "complete", run.cleanup_report
+            steps = await remote.store.list_steps(run.id)
+            retried = [s for s in steps if s.attempts > 1]
+            assert retried, "lost answers and failures were retried"
+            assert world_state(server.world) == before
+        assert_every_effect_once(server.world)
+
+    asyncio.run(body())
+
+
+def test_verify_reverts_what_a_rolled_back_server_brought_back(tmp_path: Path) -> None:
+    """The server's world file is put back as it was just before cleanup (a game server
+    that crashed before saving its removals): `verify` finds every creature that came back
+    and reverts it again; the object a reused serial now names is left alone."""
+    server = SandboxServer(tmp_path)
+
+    async def body() -> None:
+        async with remote_engine(tmp_path, server, pull=False, gateway_port=0) as remote:
+            store, engine = remote.store, remote.engine
+            before = world_state(server.world)
+            text = event_text("verify").replace("cleanup: auto", "cleanup: manual")
+            definition = load_definition(text, "verify.yaml", engine.registry)
+            event = await store.create_event_version(
+                definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), text, "t",
+                engine.clock.now(),
+            )  # fmt: skip
+            run = await engine.start_run(event, {})
+            [run] = await engine.settle([run.id])
+            assert run.status == "succeeded"
+            server.stop()
+            for name in ("world.db", "world.db-wal", "world.db-shm"):
+                if (tmp_path / name).exists():
+                    shutil.copy(tmp_path / name, tmp_path / f"saved-{name}")
+            server.start()
+            report = await engine.clean_up(run.id)
+            assert report.status == "complete"
+            assert world_state(server.world) == before
+
+            server.stop()  # the crash, and the restart from the last save
+            for name in ("world.db", "world.db-wal", "world.db-shm"):
+                (tmp_path / name).unlink(missing_ok=True)
+                if (tmp_path / f"saved-{name}").exists():
+                    shutil.copy(tmp_path / f"saved-{name}", tmp_path / name)
+            back = world_state(server.world)
+            assert len(back["creatures"]) == SPAWNS * 2
+            reused = sorted(back["creatures"])[0]
+            world = open_world(str(server.world), SystemClock())
+            world.reuse_serial(reused, "horse", "britain", tag="another-key")
+            world.close()
+            server.start()
+
+            verified = await engine.cleanup.verify(run.id, actor="test")
+            assert verified.came_back == SPAWNS * 2 + PLACES - 1
+            assert verified.redone == verified.came_back
+            assert verified.foreign == 1
+            after = world_state(server.world)
+            assert after["creatures"] == {reused: {"kind": "horse", "region": "britain"}}
+            assert after["items"] == before["items"]
+
+    asyncio.run(body())
+
+
+def test_a_manifest_shapes_validation(tmp_path: Path) -> None:
+    """The server's schemas check an event's parameters when it is validated."""
+    server = SandboxServer(tmp_path)
+
+    async def body() -> None:
+        async with remote_engine(tmp_path, server, pull=False, gateway_port=0) as remote:
+            bad = event_text("bad").replace("count: 2", "count: 5000", 1)
+            with pytest.raises(Exception, match=r"count: 5000 is greater than the maximum of 500"):
+                load_definition(bad, "bad.yaml", remote.engine.registry)
+            assert (tmp_path / ".roadie" / "manifests" / "sandbox.json").exists()
+
+    asyncio.run(body())
