@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -47,5 +47,16 @@ def format_duration(seconds: float) -> str:
     return "".join(parts) or "0s"
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), PlainSerializer(lambda s: s)]
+# Its JSON Schema says what it accepts, so that a remote module's manifest lets an event
+# write `10m` as well as `600`.
+DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": r"^\s*(\d+(\.\d+)?\s*(ms|s|m|h|d)\s*)+$"},
+    ],
+    "description": "seconds, or a duration such as 500ms, 10s, 5m, 1h30m, 2d",
+}
+Duration = Annotated[
+    float, BeforeValidator(parse_duration), PlainSerializer(lambda s: s), WithJsonSchema(DURATION_SCHEMA)
+]
 """A pydantic field type: accepts `10m` or seconds, holds seconds as a float."""

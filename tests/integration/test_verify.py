@@ -51,7 +51,8 @@ def test_verify_finds_and_reverts_what_came_back(harness: Harness, tmp_path: Pat
         assert (verified.verified, verified.came_back, verified.redone, verified.failed) == (3, 3, 3, 0)
         assert harness.world.snapshot() == before
         stored = (await harness.store.get_run(run.id)).cleanup_report
-        assert stored is not None and stored["verify"]["redone"] == 3
+        assert stored is not None
+        assert stored["verify"]["redone"] == 3
 
         again = await harness.engine.cleanup.verify(run.id)
         assert (again.verified, again.came_back, again.redone) == (3, 0, 0)

@@ -28,26 +28,25 @@ def _validator_for(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-class _Unset:
-    """A property the schema gives no default and the event leaves out: not sent."""
-
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-UNSET: Any = _Unset()
-
-
 class RemoteParams(BaseModel):
     """The base of every remote action's parameter model."""
 
     model_config = ConfigDict(extra="allow")
     json_schema: ClassVar[dict[str, Any]] = {}
+    # Optional properties with no default in the schema: left out by the event, not sent
+    # (a `null` would be a value the schema may refuse). Field name -> property name.
+    unsent: ClassVar[dict[str, str]] = {}
 
     @model_serializer(mode="wrap")
     def _without_unset(self, handler: Any) -> Any:
         dumped = handler(self)
-        return {k: v for k, v in dumped.items() if not isinstance(v, _Unset)}
+        if not isinstance(dumped, dict):
+            return dumped
+        for field, prop in self.unsent.items():
+            if field not in self.model_fields_set:
+                dumped.pop(prop, None)
+                dumped.pop(field, None)
+        return dumped
 
 
 def params_model(action_id: str, schema: dict[str, Any]) -> type[BaseModel]:
@@ -58,10 +57,14 @@ def params_model(action_id: str, schema: dict[str, Any]) -> type[BaseModel]:
     defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     required = set(schema.get("required", []))
     fields: dict[str, Any] = {}
+    unsent: dict[str, str] = {}
     for index, (name, prop) in enumerate(dict(schema.get("properties", {})).items()):
         one = _validator_for({**defs, "type": "object", "properties": {"value": prop}})
         check = _check_property(one)
-        default: Any = ... if name in required else prop.get("default", UNSET) if isinstance(prop, dict) else UNSET
+        has_default = isinstance(prop, dict) and "default" in prop
+        default: Any = ... if name in required else prop["default"] if has_default else None
+        if name not in required and not has_default:
+            unsent[f"p{index}"] = name
         description = prop.get("description") if isinstance(prop, dict) else None
         fields[f"p{index}"] = (
             Annotated[Any, AfterValidator(check)],
@@ -87,6 +90,7 @@ def params_model(action_id: str, schema: dict[str, Any]) -> type[BaseModel]:
     model.model_config = ConfigDict(extra=extra, populate_by_name=False)
     model.model_rebuild(force=True)
     model.json_schema = schema
+    model.unsent = unsent
     return model
 
 
