@@ -47,19 +47,19 @@ phases:
 SLOW = QUICK.replace("id: quick-raid", "id: slow-raid").replace("  - name: raid\n", "  - name: raid\n    after: 1h\n")
 
 
-def mint_tokens(url: str, *names: str) -> dict[str, str]:
-    """A token per role (named after it), minted straight into the store as the CLI does."""
+def mint_tokens(url: str, *names: str, role: str | None = None) -> dict[str, str]:
+    """A token per role (named after it, or all of `role`), minted into the store as the CLI does."""
 
     async def go() -> dict[str, str]:
         store = await Store.open(url)
         try:
             made = {}
-            for role in names:
+            for name in names:
                 m = tokens.mint()
                 await store.create_token(
-                    key=m.key, name=role, role=role, secret_hash=m.secret_hash, actor="test", now=_now()
+                    key=m.key, name=name, role=role or name, secret_hash=m.secret_hash, actor="test", now=_now()
                 )
-                made[role] = m.token
+                made[name] = m.token
             return made
         finally:
             await store.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from roadie.errors import DefinitionError, Problem
@@ -24,6 +24,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+# Row ids are 32-bit on every database; a larger one names no row, and is refused as such.
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
 @router.get("/me", response_model=schemas.Me, tags=["auth"], responses=ERRORS)
@@ -108,14 +110,14 @@ async def start_run(request: Request, body: schemas.StartRun, who: Operator) -> 
 
 
 @router.get("/runs/{run_id}", response_model=schemas.Run, tags=["runs"], responses=ERRORS)
-async def get_run(request: Request, run_id: int, who: Viewer) -> Any:
+async def get_run(request: Request, run_id: RowId, who: Viewer) -> Any:
     return await state_of(request).store.get_run(run_id)
 
 
 @router.post(
     "/runs/{run_id}/cancel", response_model=schemas.CancelAnswer, status_code=202, tags=["runs"], responses=ERRORS
 )
-async def cancel_run(request: Request, run_id: int, who: Operator) -> Any:
+async def cancel_run(request: Request, run_id: RowId, who: Operator) -> Any:
     """Cancel a run (operator): no new dispatches; in-flight steps answer; then cleanup per
     the event's policy. 409 when the run is not in flight."""
     await service.cancel_run(state_of(request), run_id, who.actor)
@@ -123,7 +125,7 @@ async def cancel_run(request: Request, run_id: int, who: Operator) -> Any:
 
 
 @router.get("/runs/{run_id}/steps", response_model=list[schemas.Step], tags=["runs"], responses=ERRORS)
-async def run_steps(request: Request, run_id: int, who: Viewer) -> Any:
+async def run_steps(request: Request, run_id: RowId, who: Viewer) -> Any:
     """A run's steps in order, with their attempts."""
     store = state_of(request).store
     await store.get_run(run_id)
@@ -131,7 +133,7 @@ async def run_steps(request: Request, run_id: int, who: Viewer) -> Any:
 
 
 @router.get("/runs/{run_id}/ledger", response_model=list[schemas.Resource], tags=["ledger"], responses=ERRORS)
-async def run_ledger(request: Request, run_id: int, who: Viewer, state: ResourceState | None = None) -> Any:
+async def run_ledger(request: Request, run_id: RowId, who: Viewer, state: ResourceState | None = None) -> Any:
     """A run's ledger: every resource it recorded, in the order recorded, with its state."""
     store = state_of(request).store
     await store.get_run(run_id)
@@ -144,7 +146,7 @@ async def run_ledger(request: Request, run_id: int, who: Viewer, state: Resource
     responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "Server-sent events."}},
     response_class=StreamingResponse,
 )
-async def run_stream(request: Request, run_id: int, who: Viewer) -> StreamingResponse:
+async def run_stream(request: Request, run_id: RowId, who: Viewer) -> StreamingResponse:
     """Live updates of a run as server-sent events: `run` whenever its state or a step's
     changes, then `end` once it has ended and any automatic cleanup is done."""
     state = state_of(request)
@@ -159,14 +161,14 @@ async def run_stream(request: Request, run_id: int, who: Viewer) -> StreamingRes
 
 @router.get("/runs/{run_id}/cleanup/plan", response_model=list[schemas.PlannedCall], tags=["cleanup"], responses=ERRORS)
 async def cleanup_plan(
-    request: Request, run_id: int, who: Viewer, member_key: str | None = Query(None, max_length=190)
+    request: Request, run_id: RowId, who: Viewer, member_key: str | None = Query(None, max_length=190)
 ) -> Any:
     """What cleanup would call, in order, without calling anything."""
     return service.plan_dicts(await service.plan(state_of(request), run_id, member_key))
 
 
 @router.post("/runs/{run_id}/cleanup", response_model=schemas.CleanupReport, tags=["cleanup"], responses=ERRORS)
-async def cleanup(request: Request, run_id: int, who: Operator, body: schemas.StartCleanup | None = None) -> Any:
+async def cleanup(request: Request, run_id: RowId, who: Operator, body: schemas.StartCleanup | None = None) -> Any:
     """Clean up a run now and report (operator): revert every live resource newest first.
     After `incomplete` this is the retry; `member_key` scopes it to one participant."""
     body = body or schemas.StartCleanup()
@@ -175,7 +177,7 @@ async def cleanup(request: Request, run_id: int, who: Operator, body: schemas.St
 
 
 @router.post("/resources/{resource_id}/forget", response_model=schemas.Resource, tags=["cleanup"], responses=ERRORS)
-async def forget(request: Request, resource_id: int, body: schemas.Forget, who: Admin) -> Any:
+async def forget(request: Request, resource_id: RowId, body: schemas.Forget, who: Admin) -> Any:
     """Give up on a resource that can never be reverted (admin); audited with the reason."""
     state = state_of(request)
     await state.engine.cleanup.forget(resource_id, actor=who.actor, reason=body.reason)

@@ -18,6 +18,7 @@ from fastapi.templating import Jinja2Templates
 from roadie.errors import DefinitionError, Problem, RoadieError
 from roadie.states import ResourceState, RunStatus
 from roadie.web import auth, service
+from roadie.web.api import RowId
 from roadie.web.auth import COOKIE, Principal, require, state_of
 from roadie.web.timeline import layout
 from roadie.web.tokens import Role
@@ -93,7 +94,7 @@ async def runs_page(
 ) -> Response:
     store = state_of(request).store
     status = status if status in STATES else None
-    page = max(1, page)
+    page = max(1, min(page, 1_000_000))
     size = 50
     runs = await store.list_runs(status=status, event_id=event or None, limit=size, offset=(page - 1) * size)
     total = await store.count_runs(status=status, event_id=event or None)
@@ -197,7 +198,7 @@ async def start_run(
     return _back(f"/runs/{run.id}")
 
 
-async def _run_context(request: Request, run_id: int) -> dict[str, Any]:
+async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
     state = state_of(request)
     run = await state.store.get_run(run_id)
     steps = await state.store.list_steps(run_id)
@@ -218,25 +219,25 @@ async def _run_context(request: Request, run_id: int) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-async def run_page(request: Request, run_id: int, who: Viewer) -> Response:
+async def run_page(request: Request, run_id: RowId, who: Viewer) -> Response:
     return _render(request, "run.html", who, **await _run_context(request, run_id))
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse)
-async def run_live(request: Request, run_id: int, who: Viewer) -> Response:
+async def run_live(request: Request, run_id: RowId, who: Viewer) -> Response:
     """The changing part of the run page, for htmx to swap in on each server-sent event."""
     return _render(request, "_run_live.html", who, **await _run_context(request, run_id))
 
 
 @router.get("/runs/{run_id}/ledger", response_class=HTMLResponse)
-async def ledger_page(request: Request, run_id: int, who: Viewer, member: str | None = None) -> Response:
+async def ledger_page(request: Request, run_id: RowId, who: Viewer, member: str | None = None) -> Response:
     context = await _run_context(request, run_id)
     calls = await service.plan(state_of(request), run_id, member or None)
     return _render(request, "ledger.html", who, plan=calls, member=member or "", **context)
 
 
 @router.post("/runs/{run_id}/cancel")
-async def cancel_run(request: Request, run_id: int, who: Operator) -> Response:
+async def cancel_run(request: Request, run_id: RowId, who: Operator) -> Response:
     await service.cancel_run(state_of(request), run_id, who.actor)
     return _back(f"/runs/{run_id}")
 
@@ -244,7 +245,7 @@ async def cancel_run(request: Request, run_id: int, who: Operator) -> Response:
 @router.post("/runs/{run_id}/cleanup")
 async def cleanup(
     request: Request,
-    run_id: int,
+    run_id: RowId,
     who: Operator,
     member_key: Annotated[str, Form(max_length=190)] = "",
     again: Annotated[bool, Form()] = False,

@@ -68,7 +68,7 @@ class StartRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     event: str = Field(min_length=1, max_length=100, description="The event's id.")
-    version: int | None = Field(None, ge=1, description="A stored version; default the newest.")
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="A stored version; default the newest.")
     params: dict[str, Any] = Field(default_factory=dict)
 
 
