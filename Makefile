@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,12 @@ demo: $(STAMP)
 	rm -rf .demo && mkdir -p .demo
 	cd .demo && ../$(BIN)/roadie demo
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest
+
+# The dashboard's browser test drives Debian's Chromium (Playwright downloads no browser).
+chromium:
+	@[ -x /usr/bin/chromium ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || echo "chromium missing: apt-get install -y chromium (as root) for tests/web/test_browser.py"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -29,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/workers.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/cleanup_scaling.py --postgresql postgresql://postgres@127.0.0.1:5432/test --write docs/benchmarks.md
 	$(BIN)/python benchmarks/commit_limit.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/web_latency.py --write docs/benchmarks.md
 	$(BIN)/python -m pip install --quiet -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
 clean:

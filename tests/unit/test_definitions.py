@@ -644,3 +644,11 @@ def test_schedule_mistakes_are_reported_at_their_lines() -> None:
     assert sound.schedule is not None
     assert sound.schedule.at is not None
     assert all(t.tzinfo is not None for t in sound.schedule.at)
+
+
+def test_control_characters_are_a_problem_not_a_crash() -> None:
+    """PyYAML's reader refuses control characters when the loader is built; that is
+    reported like any other unreadable file (found by the API's schemathesis run)."""
+    with pytest.raises(DefinitionError) as caught:
+        load_definition("\x1f", "bad.yaml")
+    assert str(caught.value).startswith("bad.yaml: invalid YAML: unacceptable character #x001f")

@@ -142,7 +142,10 @@ def _parse(text: str, source: str) -> tuple[Any, Lines, list[Problem]]:
 
 
 def _compose(text: str, source: str) -> tuple[Any, Lines, list[Problem]]:
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # the reader refuses control characters before any parsing
+        raise _Refused(Problem(source, None, "", f"invalid YAML: {exc}")) from exc
     try:
         root = loader.get_single_node()
         if root is None:

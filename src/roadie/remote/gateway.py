@@ -156,15 +156,7 @@ class Gateway:
         return protocol.ReportAnswer(recorded=recorded, rejected=rejected).model_dump(mode="json")
 
     def router(self) -> APIRouter:
-        router = APIRouter()
-        for path, handler in (
-            (protocol.ANNOUNCE, self.announce),
-            (protocol.PULL, self.pull),
-            (protocol.ANSWER, self.answer),
-            (protocol.REPORT, self.report),
-        ):
-            router.add_api_route(path, _guarded(handler), methods=["POST"], include_in_schema=False)
-        return router
+        return gateway_router(lambda _request: self)
 
     def app(self) -> FastAPI:
         app = FastAPI(title="Roadie gateway", openapi_url=None, docs_url=None, redoc_url=None)
@@ -177,13 +169,27 @@ class Gateway:
         return app
 
 
-def _guarded(handler: Any) -> Any:
+def gateway_router(find: Callable[[Request], Gateway]) -> APIRouter:
+    """The gateway's routes, each finding its `Gateway` from the request: an app that
+    builds its gateway when it starts (`roadie serve`) mounts them before it has one."""
+    router = APIRouter()
+    for path, name in (
+        (protocol.ANNOUNCE, "announce"),
+        (protocol.PULL, "pull"),
+        (protocol.ANSWER, "answer"),
+        (protocol.REPORT, "report"),
+    ):
+        router.add_api_route(path, _guarded(find, name), methods=["POST"], include_in_schema=False)
+    return router
+
+
+def _guarded(find: Callable[[Request], Gateway], name: str) -> Any:
     async def route(request: Request) -> Any:
         try:
-            result = await handler(request)
+            result = await getattr(find(request), name)(request)
         except _Refused as exc:
             return _error(exc.status, exc.message, exc.field, retryable=exc.retryable)
         return JSONResponse(result)
 
-    route.__name__ = handler.__name__
+    route.__name__ = f"gateway_{name}"
     return route

@@ -145,3 +145,29 @@ class WorkerRow:
     state: str  # a WorkerState
     steps: int
     cleanups: int
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """An API token as stored: never its secret, only the secret's hash."""
+
+    id: int
+    key: str
+    name: str
+    role: str
+    secret_hash: str
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """A dashboard session with the token it was opened with."""
+
+    id: int
+    token_id: int
+    csrf: str
+    created_at: datetime
+    expires_at: datetime
+    token: TokenRow

@@ -266,3 +266,35 @@ remote_modules = Table(
     Column("announced_at", UTCDateTime, nullable=False),
     Column("polled_at", UTCDateTime, nullable=True),
 )
+
+# API tokens of `roadie serve` (one role each). Only the secret's SHA-256 is kept; `key`
+# is the public half of the token, by which a presented token is found.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(32), nullable=False),
+    Column("name", String(100), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("secret_hash", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(100), nullable=False),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    UniqueConstraint("key"),
+    UniqueConstraint("name"),
+)
+
+# Dashboard sessions, kept server-side so that revoking a token (or signing out) ends its
+# sessions at once. `id_hash` is the SHA-256 of the id the signed cookie carries.
+web_sessions = Table(
+    "web_sessions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("id_hash", String(64), nullable=False),
+    Column("token_id", Integer, ForeignKey("api_tokens.id"), nullable=False),
+    Column("csrf", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    UniqueConstraint("id_hash"),
+    Index(None, "expires_at"),
+)

@@ -1,0 +1,250 @@
+"""The HTTP API, `/api/v1`. Every route names the role it needs; errors are
+`{"error": message, "field": ...}` (see `app.py`'s one handler)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import StreamingResponse
+
+from roadie.errors import DefinitionError, Problem
+from roadie.states import ResourceState, RunStatus
+from roadie.web import schemas, service, tokens
+from roadie.web.auth import Principal, require, state_of
+from roadie.web.live import run_events
+from roadie.web.tokens import Role
+
+router = APIRouter(prefix="/api/v1")
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": schemas.ErrorBody, "description": "No valid token or session."},
+    403: {"model": schemas.ErrorBody, "description": "The token's role may not do this."},
+}
+Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
+Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
+Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+# Row ids are 32-bit on every database; a larger one names no row, and is refused as such.
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+@router.get("/me", response_model=schemas.Me, tags=["auth"], responses=ERRORS)
+async def me(who: Viewer) -> dict[str, Any]:
+    """Who this token is."""
+    return {"name": who.actor, "role": who.role.value, "via": who.via}
+
+
+# -- events -------------------------------------------------------------------------------
+
+
+@router.get("/events", response_model=list[schemas.Event], tags=["events"], responses=ERRORS)
+async def list_events(request: Request, who: Viewer) -> Any:
+    """Every event, newest version of each."""
+    return await state_of(request).store.list_events()
+
+
+@router.post(
+    "/events",
+    response_model=schemas.EventDetail,
+    status_code=201,
+    tags=["events"],
+    responses={**ERRORS, 422: {"model": schemas.ErrorBody, "description": "The file has mistakes."}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "An event file, YAML or JSON, as the CLI reads it.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def upload_event(request: Request, who: Admin, filename: str = Query("event.yaml", max_length=200)) -> Any:
+    """Validate an event file and store it as the event's newest version (admin). Mistakes
+    come back as `file:line: field: message`, one entry each in `problems`."""
+    body = await request.body()
+    if len(body) > service.MAX_EVENT_BYTES:
+        raise DefinitionError([Problem(filename, None, "", "the file is larger than 1 MiB")])
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DefinitionError([Problem(filename, None, "", f"not UTF-8: {exc}")]) from exc
+    return await service.upload_event(state_of(request), text, filename, who.actor)
+
+
+@router.get("/events/{event_id}", response_model=schemas.EventDetail, tags=["events"], responses=ERRORS)
+async def get_event(request: Request, event_id: str, who: Viewer) -> Any:
+    """An event's newest version, with its definition and source."""
+    return await state_of(request).store.get_event(event_id)
+
+
+@router.get("/events/{event_id}/versions", response_model=list[schemas.Event], tags=["events"], responses=ERRORS)
+async def event_versions(request: Request, event_id: str, who: Viewer) -> Any:
+    """Every stored version of an event, newest first."""
+    return await state_of(request).store.list_event_versions(event_id)
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+
+@router.get("/runs", response_model=schemas.RunPage, tags=["runs"], responses=ERRORS)
+async def list_runs(
+    request: Request,
+    who: Viewer,
+    status: RunStatus | None = None,
+    event: str | None = Query(None, max_length=100),
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0, le=1_000_000_000),
+) -> Any:
+    """Runs, newest first, filtered by state and event, a page at a time."""
+    store = state_of(request).store
+    status_value = status.value if status else None
+    items = await store.list_runs(status=status_value, event_id=event, limit=limit, offset=offset)
+    total = await store.count_runs(status=status_value, event_id=event)
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+@router.post("/runs", response_model=schemas.Run, status_code=201, tags=["runs"], responses=ERRORS)
+async def start_run(request: Request, body: schemas.StartRun, who: Operator) -> Any:
+    """Start a run of an event with parameters (operator). Every step is rendered and
+    validated now, so a bad parameter is refused before anything runs."""
+    return await service.start_run(state_of(request), body.event, body.params, who.actor, body.version)
+
+
+@router.get("/runs/{run_id}", response_model=schemas.Run, tags=["runs"], responses=ERRORS)
+async def get_run(request: Request, run_id: RowId, who: Viewer) -> Any:
+    return await state_of(request).store.get_run(run_id)
+
+
+@router.post(
+    "/runs/{run_id}/cancel", response_model=schemas.CancelAnswer, status_code=202, tags=["runs"], responses=ERRORS
+)
+async def cancel_run(request: Request, run_id: RowId, who: Operator) -> Any:
+    """Cancel a run (operator): no new dispatches; in-flight steps answer; then cleanup per
+    the event's policy. 409 when the run is not in flight."""
+    await service.cancel_run(state_of(request), run_id, who.actor)
+    return {"run_id": run_id, "cancel_requested": True}
+
+
+@router.get("/runs/{run_id}/steps", response_model=list[schemas.Step], tags=["runs"], responses=ERRORS)
+async def run_steps(request: Request, run_id: RowId, who: Viewer) -> Any:
+    """A run's steps in order, with their attempts."""
+    store = state_of(request).store
+    await store.get_run(run_id)
+    return await store.list_steps(run_id)
+
+
+@router.get("/runs/{run_id}/ledger", response_model=list[schemas.Resource], tags=["ledger"], responses=ERRORS)
+async def run_ledger(request: Request, run_id: RowId, who: Viewer, state: ResourceState | None = None) -> Any:
+    """A run's ledger: every resource it recorded, in the order recorded, with its state."""
+    store = state_of(request).store
+    await store.get_run(run_id)
+    return await store.list_resources(run_id, state=state)
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    tags=["runs"],
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "Server-sent events."}},
+    response_class=StreamingResponse,
+)
+async def run_stream(request: Request, run_id: RowId, who: Viewer) -> StreamingResponse:
+    """Live updates of a run as server-sent events: `run` whenever its state or a step's
+    changes, then `end` once it has ended and any automatic cleanup is done."""
+    state = state_of(request)
+    await state.store.get_run(run_id)
+    stream = run_events(state.store, state.broker, run_id, poll=state.options.poll)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+
+# -- cleanup ------------------------------------------------------------------------------
+
+
+@router.get("/runs/{run_id}/cleanup/plan", response_model=list[schemas.PlannedCall], tags=["cleanup"], responses=ERRORS)
+async def cleanup_plan(
+    request: Request, run_id: RowId, who: Viewer, member_key: str | None = Query(None, max_length=190)
+) -> Any:
+    """What cleanup would call, in order, without calling anything."""
+    return service.plan_dicts(await service.plan(state_of(request), run_id, member_key))
+
+
+@router.post("/runs/{run_id}/cleanup", response_model=schemas.CleanupReport, tags=["cleanup"], responses=ERRORS)
+async def cleanup(request: Request, run_id: RowId, who: Operator, body: schemas.StartCleanup | None = None) -> Any:
+    """Clean up a run now and report (operator): revert every live resource newest first.
+    After `incomplete` this is the retry; `member_key` scopes it to one participant."""
+    body = body or schemas.StartCleanup()
+    report = await service.clean_up(state_of(request), run_id, who.actor, member_key=body.member_key, again=body.again)
+    return report.as_dict()
+
+
+@router.post("/resources/{resource_id}/forget", response_model=schemas.Resource, tags=["cleanup"], responses=ERRORS)
+async def forget(request: Request, resource_id: RowId, body: schemas.Forget, who: Admin) -> Any:
+    """Give up on a resource that can never be reverted (admin); audited with the reason."""
+    state = state_of(request)
+    await state.engine.cleanup.forget(resource_id, actor=who.actor, reason=body.reason)
+    return await state.store.get_resource(resource_id)
+
+
+# -- the world ----------------------------------------------------------------------------
+
+
+@router.get("/leases", response_model=list[schemas.Lease], tags=["leases"], responses=ERRORS)
+async def leases(request: Request, who: Viewer) -> Any:
+    """Leases in force: which run holds which target, until when (none: until cleanup)."""
+    return [service.lease_view(r) for r in await state_of(request).store.leases_in_force()]
+
+
+@router.get("/schedules", response_model=list[schemas.Schedule], tags=["schedules"], responses=ERRORS)
+async def list_schedules(request: Request, who: Viewer) -> Any:
+    """Scheduled events, where each schedule stands and its next occurrence. A schedule is
+    changed by uploading a new version of its event (admin)."""
+    return await service.schedule_views(state_of(request))
+
+
+@router.get("/workers", response_model=list[schemas.Worker], tags=["workers"], responses=ERRORS)
+async def list_workers(request: Request, who: Viewer) -> Any:
+    state = state_of(request)
+    return [asdict(w) for w in await state.store.list_workers(state.clock.now(), state.engine.options.claim_ttl)]
+
+
+@router.get("/audit", response_model=list[schemas.AuditEntry], tags=["audit"], responses=ERRORS)
+async def audit(
+    request: Request,
+    who: Viewer,
+    run: int | None = Query(None, ge=1, le=2**31 - 1),
+    subject: str | None = Query(None, max_length=200),
+    limit: int = Query(100, ge=1, le=1000),
+) -> Any:
+    """The audit log, newest first: who did what. `run` is shorthand for `subject=run:N`."""
+    return await state_of(request).store.list_audit(f"run:{run}" if run else subject, limit)
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+@router.get("/tokens", response_model=list[schemas.Token], tags=["auth"], responses=ERRORS)
+async def list_tokens(request: Request, who: Admin) -> Any:
+    """Every token, revoked ones too (admin). Secrets are never shown again."""
+    return await state_of(request).store.list_tokens()
+
+
+@router.post("/tokens", response_model=schemas.MintedToken, status_code=201, tags=["auth"], responses=ERRORS)
+async def create_token(request: Request, body: schemas.NewToken, who: Admin) -> Any:
+    """Mint a token (admin). The answer carries the token once; only its hash is kept."""
+    state = state_of(request)
+    minted = tokens.mint()
+    row = await state.store.create_token(
+        key=minted.key,
+        name=body.name,
+        role=body.role.value,
+        secret_hash=minted.secret_hash,
+        actor=who.actor,
+        now=state.clock.now(),
+    )
+    return {**asdict(row), "token": minted.token}
+
+
+@router.delete("/tokens/{token}", response_model=schemas.Token, tags=["auth"], responses=ERRORS)
+async def revoke_token(request: Request, token: str, who: Admin) -> Any:
+    """Revoke a token by name, key or id (admin); its dashboard sessions end at once."""
+    state = state_of(request)
+    return await state.store.revoke_token(token, who.actor, state.clock.now())

@@ -1,0 +1,270 @@
+"""The staff dashboard: server-rendered pages (Jinja2) with htmx for live parts.
+
+Pages read through the same store methods as the API, and act through `service`, so a
+button does exactly what the matching API call and CLI command do. Forms post with the
+session's CSRF token; after a form the browser is redirected (POST, redirect, GET).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from roadie.errors import DefinitionError, Problem, RoadieError
+from roadie.states import ResourceState, RunStatus
+from roadie.web import auth, service
+from roadie.web.api import RowId
+from roadie.web.auth import COOKIE, Principal, require, state_of
+from roadie.web.timeline import layout
+from roadie.web.tokens import Role
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
+Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
+Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+STATES = [s.value for s in RunStatus]
+
+
+def _render(request: Request, name: str, who: Principal | None, status_code: int = 200, **context: Any) -> Response:
+    context.update(auth.template_globals(who))
+    context["can_operate"] = who is not None and who.role.allows(Role.OPERATOR)
+    context["is_admin"] = who is not None and who.role.allows(Role.ADMIN)
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def error_page(request: Request, code: int, message: str) -> Response:
+    who = getattr(request.state, "principal", None)
+    return _render(request, "error.html", who, status_code=code, code=code, message=message)
+
+
+def _back(url: str) -> Response:
+    return RedirectResponse(url, status_code=303)
+
+
+# -- signing in ---------------------------------------------------------------------------
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request) -> Response:
+    return _render(request, "login.html", None, error=None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request, token: Annotated[str, Form(max_length=400)]) -> Response:
+    """Sign in with an API token; the session then carries its role."""
+    state = state_of(request)
+    row = await auth.check_token(state, token)
+    if row is None:
+        return _render(request, "login.html", None, status_code=401, error="That token is not valid.")
+    cookie = await auth.open_session(state, row)
+    response = _back("/")
+    response.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=int(state.options.session_ttl),
+        httponly=True,
+        samesite="lax",
+        secure=state.options.secure_cookies,
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, who: Viewer) -> Response:
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        await auth.close_session(state_of(request), cookie, who.actor)
+    response = _back("/login")
+    response.delete_cookie(COOKIE)
+    return response
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+async def runs_page(
+    request: Request, who: Viewer, status: str | None = None, event: str | None = None, page: int = 1
+) -> Response:
+    store = state_of(request).store
+    status = status if status in STATES else None
+    page = max(1, min(page, 1_000_000))
+    size = 50
+    runs = await store.list_runs(status=status, event_id=event or None, limit=size, offset=(page - 1) * size)
+    total = await store.count_runs(status=status, event_id=event or None)
+    events = await store.list_events()
+    return _render(
+        request,
+        "runs.html",
+        who,
+        runs=runs,
+        events=events,
+        states=STATES,
+        status=status,
+        event=event,
+        page=page,
+        pages=max(1, -(-total // size)),
+        total=total,
+        upload_errors=None,
+        upload_source="",
+        start_error=None,
+    )
+
+
+@router.post("/events", response_class=HTMLResponse)
+async def upload_event(
+    request: Request,
+    who: Admin,
+    source: Annotated[str, Form(max_length=service.MAX_EVENT_BYTES)],
+    filename: Annotated[str, Form(max_length=200)] = "event.yaml",
+) -> Response:
+    state = state_of(request)
+    try:
+        await service.upload_event(state, source, filename or "event.yaml", who.actor)
+    except DefinitionError as exc:
+        events = await state.store.list_events()
+        runs = await state.store.list_runs(limit=50)
+        return _render(
+            request,
+            "runs.html",
+            who,
+            status_code=422,
+            runs=runs,
+            events=events,
+            states=STATES,
+            status=None,
+            event=None,
+            page=1,
+            pages=1,
+            total=len(runs),
+            upload_errors=[str(p) for p in exc.problems],
+            upload_source=source,
+            start_error=None,
+        )
+    return _back("/")
+
+
+def _parse_params(text: str) -> dict[str, Any]:
+    """`name=value` per line, as `roadie run start -p` takes them."""
+    params: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise DefinitionError(
+                [Problem("params", None, "params", f"{line.strip()!r}: write one name=value per line")]
+            )
+        params[name.strip()] = value.strip()
+    return params
+
+
+@router.post("/runs", response_class=HTMLResponse)
+async def start_run(
+    request: Request,
+    who: Operator,
+    event: Annotated[str, Form(max_length=100)],
+    params: Annotated[str, Form(max_length=10_000)] = "",
+) -> Response:
+    state = state_of(request)
+    try:
+        run = await service.start_run(state, event, _parse_params(params), who.actor)
+    except RoadieError as exc:
+        events = await state.store.list_events()
+        runs = await state.store.list_runs(limit=50)
+        return _render(
+            request,
+            "runs.html",
+            who,
+            status_code=422,
+            runs=runs,
+            events=events,
+            states=STATES,
+            status=None,
+            event=None,
+            page=1,
+            pages=1,
+            total=len(runs),
+            upload_errors=None,
+            upload_source="",
+            start_error=exc.message,
+        )
+    return _back(f"/runs/{run.id}")
+
+
+async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
+    state = state_of(request)
+    run = await state.store.get_run(run_id)
+    steps = await state.store.list_steps(run_id)
+    resources = await state.store.list_resources(run_id)
+    names = [p.get("name", "") for p in run.definition.get("phases", [])]
+    live = sum(1 for r in resources if ResourceState(r.state).holds_target)
+    return {
+        "run": run,
+        "steps": steps,
+        "resources": resources,
+        "live_rows": live,
+        "phase_names": names,
+        "timeline": layout(run, steps, state.clock.now()),
+        "in_flight": run.status in service.IN_FLIGHT,
+        "settled_now": not (run.status in service.IN_FLIGHT or run.cleanup_status == "pending"),
+        "params_json": json.dumps(run.params),
+    }
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run_page(request: Request, run_id: RowId, who: Viewer) -> Response:
+    return _render(request, "run.html", who, **await _run_context(request, run_id))
+
+
+@router.get("/runs/{run_id}/live", response_class=HTMLResponse)
+async def run_live(request: Request, run_id: RowId, who: Viewer) -> Response:
+    """The changing part of the run page, for htmx to swap in on each server-sent event."""
+    return _render(request, "_run_live.html", who, **await _run_context(request, run_id))
+
+
+@router.get("/runs/{run_id}/ledger", response_class=HTMLResponse)
+async def ledger_page(request: Request, run_id: RowId, who: Viewer, member: str | None = None) -> Response:
+    context = await _run_context(request, run_id)
+    calls = await service.plan(state_of(request), run_id, member or None)
+    return _render(request, "ledger.html", who, plan=calls, member=member or "", **context)
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel_run(request: Request, run_id: RowId, who: Operator) -> Response:
+    await service.cancel_run(state_of(request), run_id, who.actor)
+    return _back(f"/runs/{run_id}")
+
+
+@router.post("/runs/{run_id}/cleanup")
+async def cleanup(
+    request: Request,
+    run_id: RowId,
+    who: Operator,
+    member_key: Annotated[str, Form(max_length=190)] = "",
+    again: Annotated[bool, Form()] = False,
+) -> Response:
+    await service.clean_up(state_of(request), run_id, who.actor, member_key=member_key or None, again=again)
+    return _back(f"/runs/{run_id}/ledger" + (f"?member={member_key}" if member_key else ""))
+
+
+# -- the world ----------------------------------------------------------------------------
+
+
+@router.get("/leases", response_class=HTMLResponse)
+async def leases_page(request: Request, who: Viewer) -> Response:
+    state = state_of(request)
+    rows = [service.lease_view(r) for r in await state.store.leases_in_force()]
+    return _render(request, "leases.html", who, leases=rows, now=state.clock.now())
+
+
+@router.get("/audit", response_class=HTMLResponse)
+async def audit_page(request: Request, who: Viewer) -> Response:
+    rows = await state_of(request).store.list_audit(None, 200)
+    return _render(request, "audit.html", who, rows=rows)

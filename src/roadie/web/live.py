@@ -1,0 +1,88 @@
+"""Live updates of a run, as server-sent events.
+
+The stream reads the run from the database, so it follows a run whichever worker (this
+process's or another machine's) carries it out. The embedded worker's observer wakes it
+early; without one it looks once a `poll` interval. It sends an event `run` whenever what
+the run shows changes, and `end` once the run has ended and any automatic cleanup is
+done, then closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from roadie.states import CleanupPolicy, CleanupStatus, RunStatus
+from roadie.store import Store
+from roadie.store.rows import RunRow, StepRow
+
+KEEPALIVE = 15.0  # seconds between comment lines, so proxies keep an idle stream open
+
+
+class Broker:
+    """Wakes the streams of a run when the engine says something happened to it."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, set[asyncio.Event]] = defaultdict(set)
+
+    def observe(self, kind: str, data: dict[str, Any]) -> None:
+        for event in self._waiting.get(int(data.get("run_id", 0)), ()):
+            event.set()
+
+    async def wait(self, run_id: int, seconds: float) -> None:
+        event = asyncio.Event()
+        self._waiting[run_id].add(event)
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiting[run_id].discard(event)
+            if not self._waiting[run_id]:
+                del self._waiting[run_id]
+
+
+def settled(run: RunRow) -> bool:
+    """Ended, and not waiting for an automatic cleanup: nothing will move by itself."""
+    if not RunStatus(run.status).terminal:
+        return False
+    return not (run.cleanup_policy == CleanupPolicy.AUTO.value and run.cleanup_status == CleanupStatus.PENDING.value)
+
+
+def summary(run: RunRow, steps: list[StepRow]) -> dict[str, Any]:
+    """What a viewer of the run sees change: its states and each step's status and attempts."""
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "cleanup_status": run.cleanup_status,
+        "phase": run.phase,
+        "cancel_requested": run.cancel_requested,
+        "steps": {str(s.id): [s.status, s.attempts] for s in steps},
+        "cleanup_ended_at": run.cleanup_ended_at.isoformat() if run.cleanup_ended_at else None,
+    }
+
+
+def _event(name: str, data: Any) -> str:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+
+async def run_events(store: Store, broker: Broker, run_id: int, *, poll: float = 1.0) -> AsyncIterator[str]:
+    last: dict[str, Any] | None = None
+    quiet = 0.0
+    while True:
+        run = await store.get_run(run_id)
+        now = summary(run, await store.list_steps(run_id))
+        if now != last:
+            yield _event("run", now)
+            last, quiet = now, 0.0
+        if settled(run):
+            yield _event("end", {"run_id": run_id, "status": run.status, "cleanup_status": run.cleanup_status})
+            return
+        await broker.wait(run_id, poll)
+        quiet += poll
+        if quiet >= KEEPALIVE:
+            yield ": keepalive\n\n"
+            quiet = 0.0

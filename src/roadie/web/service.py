@@ -1,0 +1,115 @@
+"""What the API and the dashboard both do, on top of the engine and the store the CLI uses.
+
+Each function is one operator action, with the same rules as its CLI command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from roadie.definitions import ScheduleDef, load_definition
+from roadie.engine import schedules
+from roadie.engine.cleanup import CleanupReport, PlannedCall
+from roadie.errors import InvalidState
+from roadie.states import CleanupStatus, RunStatus
+from roadie.store.rows import EventRow, ResourceRow, RunRow
+from roadie.web.state import WebState
+
+MAX_EVENT_BYTES = 1 << 20
+
+
+async def upload_event(state: WebState, text: str, source: str, actor: str) -> EventRow:
+    """Validate an event file's text as `roadie event apply` does and store it as the
+    event's newest version. A mistake raises `DefinitionError` naming file:line: field."""
+    definition = load_definition(text, source, state.registry)
+    return await state.store.create_event_version(
+        definition.id,
+        definition.title,
+        definition.model_dump(mode="json", by_alias=True),
+        text,
+        actor,
+        state.clock.now(),
+    )
+
+
+async def start_run(
+    state: WebState, event_id: str, params: dict[str, Any], actor: str, version: int | None = None
+) -> RunRow:
+    event = await state.store.get_event(event_id, version)
+    return await state.engine.start_run(event, params, actor=actor)
+
+
+async def cancel_run(state: WebState, run_id: int, actor: str) -> None:
+    run = await state.store.get_run(run_id)
+    if not await state.engine.cancel_run(run_id, actor=actor):
+        why = "already being cancelled" if run.cancel_requested else f"{run.status}, not in flight"
+        raise InvalidState(f"run {run_id} is {why}")
+
+
+async def clean_up(
+    state: WebState, run_id: int, actor: str, *, member_key: str | None = None, again: bool = False
+) -> CleanupReport:
+    """`roadie cleanup`: a run that is `complete`, `incomplete` or was never dirty is
+    cleaned up again; a pending one is taken unless another worker holds it."""
+    run = await state.store.get_run(run_id)
+    retry = again or run.cleanup_status in (
+        CleanupStatus.INCOMPLETE.value,
+        CleanupStatus.COMPLETE.value,
+        CleanupStatus.NOT_REQUIRED.value,
+    )
+    return await state.engine.clean_up(run_id, actor=actor, member_key=member_key, again=retry)
+
+
+async def plan(state: WebState, run_id: int, member_key: str | None = None) -> list[PlannedCall]:
+    return await state.engine.cleanup.plan(run_id, member_key)
+
+
+def lease_view(row: ResourceRow) -> dict[str, Any]:
+    saved = row.payload.get("saved") if isinstance(row.payload, dict) else None
+    return {
+        "resource_id": row.id,
+        "run_id": row.run_id,
+        "target": row.ref,
+        "state": row.state,
+        "saved": saved,
+        "until": row.until,
+    }
+
+
+async def schedule_views(state: WebState) -> list[dict[str, Any]]:
+    now = state.clock.now()
+    found = []
+    for event, standing in await state.store.scheduled_events():
+        raw = (event.definition or {}).get("schedule") or {}
+        upcoming: datetime | None = None
+        try:
+            if raw:
+                after = standing.last_occurrence if standing else now
+                upcoming = schedules.next_occurrence(ScheduleDef.model_validate(raw), max(after, now))
+        except ValidationError:
+            upcoming = None
+        found.append(
+            {
+                "event_id": event.event_id,
+                "version": event.version,
+                "schedule": raw,
+                "last_occurrence": standing.last_occurrence if standing else None,
+                "next_occurrence": upcoming,
+            }
+        )
+    return found
+
+
+def report_dict(report: CleanupReport) -> dict[str, Any]:
+    return report.as_dict()
+
+
+def plan_dicts(calls: list[PlannedCall]) -> list[dict[str, Any]]:
+    return [asdict(c) for c in calls]
+
+
+IN_FLIGHT = (RunStatus.PENDING.value, RunStatus.RUNNING.value)

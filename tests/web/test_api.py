@@ -1,0 +1,242 @@
+"""The HTTP API end to end: every endpoint on a real store and engine, with the embedded
+worker carrying the runs out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roadie.web import tokens
+from tests.web.conftest import QUICK, SLOW, Site
+
+
+def _start(site: Site, event: str = "quick-raid", **params: Any) -> dict[str, Any]:
+    response = site.post("/api/v1/runs", "operator", json={"event": event, "params": params})
+    assert response.status_code == 201, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def test_health_and_metrics_need_no_token(site: Site) -> None:
+    """/healthz says the database answers and the worker runs; /metrics has the gauges and counters."""
+    assert site.get("/healthz", None).json() == {"status": "ok", "worker": "running"}
+    site.upload(QUICK)
+    run = _start(site)
+    site.wait_settled(run["id"])
+    text = site.get("/metrics", None).text
+    assert 'roadie_runs{state="succeeded"} 1.0' in text
+    assert "roadie_ledger_rows_live 3.0" in text  # fog lease + 2 raiders, manual cleanup
+    assert "roadie_steps_dispatched_total 3.0" in text
+    assert "roadie_dispatch_latency_seconds_count 3.0" in text
+
+
+def test_events_upload_list_versions(site: Site) -> None:
+    """An uploaded event is stored as a new version; an identical upload is not a new one."""
+    first = site.upload(QUICK)
+    assert first.status_code == 201, first.text
+    assert first.json()["version"] == 1
+    assert site.upload(QUICK).json()["version"] == 1
+    assert site.upload(QUICK.replace("A quick raid", "A quicker raid")).json()["version"] == 2
+    listed = site.get("/api/v1/events").json()
+    assert [(e["event_id"], e["version"]) for e in listed] == [("quick-raid", 2)]
+    versions = site.get("/api/v1/events/quick-raid/versions").json()
+    assert [v["version"] for v in versions] == [2, 1]
+    detail = site.get("/api/v1/events/quick-raid").json()
+    assert detail["source"].startswith("id: quick-raid")
+    assert detail["title"] == "A quicker raid"
+    assert site.get("/api/v1/events/nope").status_code == 404
+    assert site.get("/api/v1/events/nope/versions").json()["error"] == "no event 'nope'"
+
+
+def test_malformed_event_is_refused_with_file_line_field_and_nothing_stored(site: Site) -> None:
+    """A misspelled action is reported as the CLI loader reports it, and nothing is stored."""
+    bad = QUICK.replace("sandbox.spawn", "sandbox.spwan")
+    response = site.post(
+        "/api/v1/events?filename=raid.yaml", content=bad.encode(), headers={"content-type": "text/plain"}
+    )
+    assert response.status_code == 422
+    body = response.json()
+    assert body["field"] == "phases[1].steps[0].action"
+    assert body["error"].startswith("raid.yaml:17: phases[1].steps[0].action: unknown action 'sandbox.spwan'")
+    assert body["problems"][0]["line"] == 17
+    for junk in (b"\xff\xfe", b"", b"[1, 2", b"id: x\nphases: 3"):
+        refused = site.post("/api/v1/events", content=junk, headers={"content-type": "text/plain"})
+        assert refused.status_code == 422, junk
+        assert refused.json()["error"], junk
+    assert site.store_call(lambda s: s.list_events()) == []
+
+
+def test_run_lifecycle_steps_ledger_plan_cleanup_audit(site: Site) -> None:
+    """Start a run with params, watch it end, read its steps and ledger, plan and run
+    cleanup, and find every change in the audit log under the token's name."""
+    site.upload(QUICK)
+    run = _start(site, region="minoc", count=3)
+    assert run["params"] == {"region": "minoc", "count": 3}
+    assert run["created_by"] == "operator"
+    ended = site.wait_settled(run["id"])
+    assert ended["status"] == "succeeded"
+    assert ended["cleanup_status"] == "pending"
+
+    steps = site.get(f"/api/v1/runs/{run['id']}/steps").json()
+    assert [s["status"] for s in steps] == ["succeeded"] * 3
+    assert all(s["attempt_log"] for s in steps)
+    ledger = site.get(f"/api/v1/runs/{run['id']}/ledger").json()
+    live = [r for r in ledger if r["state"] == "live"]
+    assert sorted(r["kind"] for r in live) == ["creature"] * 3 + ["override"]
+    assert site.get(f"/api/v1/runs/{run['id']}/ledger?state=resolved").json()[0]["kind"] == "@step"
+
+    leases = site.get("/api/v1/leases").json()
+    assert [(lease["target"], lease["run_id"], lease["saved"]) for lease in leases] == [
+        ("sandbox.weather#minoc", run["id"], "clear")
+    ]
+
+    plan = site.get(f"/api/v1/runs/{run['id']}/cleanup/plan").json()
+    assert [c["kind"] for c in plan] == ["revert", "restore"]
+    assert site.run_row(run["id"]).cleanup_status == "pending"  # a plan calls nothing
+
+    report = site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator").json()
+    assert (report["status"], report["reverted"], report["restored"], report["failed"]) == ("complete", 3, 1, 0)
+    assert site.get(f"/api/v1/runs/{run['id']}").json()["cleanup_status"] == "complete"
+    assert site.get("/api/v1/leases").json() == []
+
+    audit = site.get(f"/api/v1/audit?run={run['id']}").json()
+    assert [(a["actor"], a["action"]) for a in audit] == [("operator", "cleanup"), ("operator", "run.start")]
+    assert site.get("/api/v1/audit?subject=event:quick-raid").json()[0]["actor"] == "admin"
+
+
+def test_cleanup_retry_after_incomplete_and_scoped_by_member(site: Site) -> None:
+    """A failed revert leaves the run `incomplete`; the same call again retries and
+    completes. A member-scoped cleanup leaves the run's own status alone."""
+    site.upload(QUICK)
+    run = _start(site)
+    site.wait_settled(run["id"])
+    scoped = site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator", json={"member_key": "nobody"}).json()
+    assert (scoped["status"], scoped["member_key"], scoped["calls"]) == ("complete", "nobody", 0)
+    assert site.run_row(run["id"]).cleanup_status == "pending"
+
+    site.state.registry.state("sandbox").fail_reverts_next(1)
+    first = site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator").json()
+    assert first["status"] == "incomplete"
+    assert first["failed"] == 2
+    assert first["errors"]
+    assert site.run_row(run["id"]).cleanup_status == "incomplete"
+    again = site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator").json()
+    assert (again["status"], again["reverted"]) == ("complete", 2)
+
+
+def test_cancel_a_run_in_flight_and_refuse_a_second_cancel(site: Site) -> None:
+    site.upload(SLOW)
+    run = _start(site, "slow-raid")
+    response = site.post(f"/api/v1/runs/{run['id']}/cancel", "operator")
+    assert response.status_code == 202
+    assert response.json() == {"run_id": run["id"], "cancel_requested": True}
+    again = site.post(f"/api/v1/runs/{run['id']}/cancel", "operator")
+    assert again.status_code == 409
+    assert "cancel" in again.json()["error"]
+    ended = site.wait_settled(run["id"])
+    assert ended["status"] == "cancelled"
+    assert site.post("/api/v1/runs/999/cancel", "operator").status_code == 404
+
+
+def test_list_runs_filters_and_pages(site: Site) -> None:
+    site.upload(SLOW)
+    site.upload(QUICK)
+    regions = ("britain", "moonglow", "trinsic")  # one lease target each: no run refuses another
+    ids = [_start(site, "slow-raid", region=r)["id"] for r in regions] + [_start(site, region="minoc")["id"]]
+    page = site.get("/api/v1/runs?limit=2").json()
+    assert [r["id"] for r in page["items"]] == ids[::-1][:2]
+    assert page["total"] == 4
+    second = site.get("/api/v1/runs?limit=2&offset=2").json()
+    assert [r["id"] for r in second["items"]] == ids[::-1][2:]
+    only = site.get("/api/v1/runs?event=quick-raid").json()
+    assert [r["id"] for r in only["items"]] == [ids[3]]
+    assert only["total"] == 1
+    site.wait_settled(ids[3])
+    assert site.get("/api/v1/runs?status=succeeded").json()["total"] == 1
+    bad = site.get("/api/v1/runs?status=sleeping")
+    assert bad.status_code == 422
+    assert bad.json()["field"] == "query.status"
+
+
+def test_malformed_run_bodies_change_nothing(site: Site) -> None:
+    """Bad JSON, unknown fields, a bad parameter or an unknown event: a 4xx with a message,
+    and no run, no audit entry."""
+    site.upload(QUICK)
+    before = site.store_call(lambda s: s.list_audit())
+    cases = [
+        (b"{not json", 422),
+        (b'{"params": {}}', 422),
+        (b'{"event": "quick-raid", "colour": "red"}', 422),
+        (b'{"event": "quick-raid", "params": {"count": 0}}', 422),
+        (b'{"event": "quick-raid", "params": {"count": "many"}}', 422),
+        (b'{"event": "quick-raid", "params": []}', 422),
+        (b'{"event": "nope"}', 404),
+    ]
+    for body, code in cases:
+        response = site.post("/api/v1/runs", "operator", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == code, (body, response.text)
+        assert response.json()["error"], body
+    missing = site.post("/api/v1/runs", "operator", json={"params": {}}).json()
+    assert missing["field"] == "body.event"
+    assert site.store_call(lambda s: s.list_runs()) == []
+    assert site.store_call(lambda s: s.list_audit()) == before
+
+
+def test_forget_a_resource(site: Site) -> None:
+    site.upload(QUICK)
+    run = _start(site)
+    site.wait_settled(run["id"])
+    [creature, *_] = [r for r in site.get(f"/api/v1/runs/{run['id']}/ledger").json() if r["kind"] == "creature"]
+    bad = site.post(f"/api/v1/resources/{creature['id']}/forget", json={"reason": ""})
+    assert bad.status_code == 422
+    done = site.post(f"/api/v1/resources/{creature['id']}/forget", json={"reason": "shard wiped"})
+    assert done.status_code == 200
+    assert done.json()["state"] == "abandoned"
+    again = site.post(f"/api/v1/resources/{creature['id']}/forget", json={"reason": "shard wiped"})
+    assert again.status_code == 409
+    assert site.get(f"/api/v1/audit?run={run['id']}").json()[0]["action"] == "resource.forget"
+
+
+def test_schedules_and_workers(site: Site) -> None:
+    scheduled = QUICK.replace("cleanup: manual", "cleanup: manual\nschedule: {cron: '0 3 * * *'}")
+    assert site.upload(scheduled).status_code == 201
+    [schedule] = site.get("/api/v1/schedules").json()
+    assert schedule["event_id"] == "quick-raid"
+    assert schedule["schedule"]["cron"] == "0 3 * * *"
+    assert schedule["next_occurrence"].endswith("03:00:00Z")
+    workers = site.get("/api/v1/workers").json()
+    assert [w["state"] for w in workers] == ["alive"]
+
+
+def test_tokens_create_list_revoke(site: Site) -> None:
+    """An admin mints a token, which works at once and is shown once; revoked, it is refused."""
+    made = site.post("/api/v1/tokens", json={"name": "bot", "role": "viewer"})
+    assert made.status_code == 201
+    secret = made.json()["token"]
+    assert tokens.split(secret) is not None
+    assert site.client.get("/api/v1/me", headers={"Authorization": f"Bearer {secret}"}).json() == {
+        "name": "bot",
+        "role": "viewer",
+        "via": "bearer",
+    }
+    listed = site.get("/api/v1/tokens", "admin").json()
+    assert [t["name"] for t in listed] == ["viewer", "operator", "admin", "bot"]
+    assert all("token" not in t and "secret_hash" not in t for t in listed)
+    assert site.post("/api/v1/tokens", json={"name": "bot", "role": "viewer"}).status_code == 409
+    assert site.post("/api/v1/tokens", json={"name": "x", "role": "root"}).status_code == 422
+    revoked = site.client.delete("/api/v1/tokens/bot", headers=site.auth("admin"))
+    assert revoked.status_code == 200
+    assert revoked.json()["revoked_at"]
+    assert site.client.get("/api/v1/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+    wrong = secret[:-4] + "AAAA"
+    assert site.client.get("/api/v1/me", headers={"Authorization": f"Bearer {wrong}"}).status_code == 401
+
+
+def test_run_events_stream_ends_after_the_run(site: Site) -> None:
+    """The SSE stream of a settled run sends its state, then `end`, and closes."""
+    site.upload(QUICK)
+    run = _start(site)
+    site.wait_settled(run["id"])
+    response = site.get(f"/api/v1/runs/{run['id']}/events")
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.startswith("event: run\n")
+    assert "event: end\n" in response.text
+    assert site.get("/api/v1/runs/12345/events").status_code == 404

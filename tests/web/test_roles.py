@@ -1,0 +1,186 @@
+"""Who may do what: every API endpoint called with no token and with each role's token,
+and the dashboard's sessions and CSRF tokens."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.web.conftest import QUICK, ROLES, SLOW, Site
+
+_names = itertools.count()
+
+
+@dataclass
+class Call:
+    method: str
+    route: str  # the route's template, as FastAPI lists it
+    needs: str  # the least role allowed
+    prepare: Callable[[Site, dict[str, Any]], tuple[str, dict[str, Any]]]  # -> (path, request kwargs)
+
+
+def fixed(path: str, **kw: Any) -> Callable[[Site, dict[str, Any]], tuple[str, dict[str, Any]]]:
+    return lambda site, ids: (path.format(**ids), kw)
+
+
+def fresh_region(site: Site) -> str:
+    """A region of its own for each run, so that no run's lease refuses another's, and one
+    the world has, so that the run's first phase does not fail before the call is made."""
+    name = f"r{next(_names)}"
+    site.state.registry.state("sandbox").add_region(name)
+    return name
+
+
+def slow_run(site: Site, ids: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    run = site.post("/api/v1/runs", "operator", json={"event": "slow-raid", "params": {"region": fresh_region(site)}})
+    return f"/api/v1/runs/{run.json()['id']}/cancel", {}
+
+
+def new_token(site: Site, ids: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    name = f"t{next(_names)}"
+    site.post("/api/v1/tokens", "admin", json={"name": name, "role": "viewer"})
+    return f"/api/v1/tokens/{name}", {}
+
+
+def start_body(site: Site, ids: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "/api/v1/runs", {"json": {"event": "slow-raid", "params": {"region": fresh_region(site)}}}
+
+
+def token_body(site: Site, ids: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "/api/v1/tokens", {"json": {"name": f"n{next(_names)}", "role": "viewer"}}
+
+
+CALLS = [
+    Call("GET", "/api/v1/me", "viewer", fixed("/api/v1/me")),
+    Call("GET", "/api/v1/events", "viewer", fixed("/api/v1/events")),
+    Call(
+        "POST",
+        "/api/v1/events",
+        "admin",
+        fixed("/api/v1/events", content=QUICK.encode(), headers={"content-type": "text/plain"}),
+    ),
+    Call("GET", "/api/v1/events/{event_id}", "viewer", fixed("/api/v1/events/quick-raid")),
+    Call("GET", "/api/v1/events/{event_id}/versions", "viewer", fixed("/api/v1/events/quick-raid/versions")),
+    Call("GET", "/api/v1/runs", "viewer", fixed("/api/v1/runs")),
+    Call("POST", "/api/v1/runs", "operator", start_body),
+    Call("GET", "/api/v1/runs/{run_id}", "viewer", fixed("/api/v1/runs/{run}")),
+    Call("POST", "/api/v1/runs/{run_id}/cancel", "operator", slow_run),
+    Call("GET", "/api/v1/runs/{run_id}/steps", "viewer", fixed("/api/v1/runs/{run}/steps")),
+    Call("GET", "/api/v1/runs/{run_id}/ledger", "viewer", fixed("/api/v1/runs/{run}/ledger")),
+    Call("GET", "/api/v1/runs/{run_id}/events", "viewer", fixed("/api/v1/runs/{run}/events")),
+    Call("GET", "/api/v1/runs/{run_id}/cleanup/plan", "viewer", fixed("/api/v1/runs/{run}/cleanup/plan")),
+    Call(
+        "POST",
+        "/api/v1/runs/{run_id}/cleanup",
+        "operator",
+        fixed("/api/v1/runs/{run}/cleanup", json={"member_key": "nobody"}),
+    ),
+    Call(
+        "POST",
+        "/api/v1/resources/{resource_id}/forget",
+        "admin",
+        fixed("/api/v1/resources/{creature}/forget", json={"reason": "gone"}),
+    ),
+    Call("GET", "/api/v1/leases", "viewer", fixed("/api/v1/leases")),
+    Call("GET", "/api/v1/schedules", "viewer", fixed("/api/v1/schedules")),
+    Call("GET", "/api/v1/workers", "viewer", fixed("/api/v1/workers")),
+    Call("GET", "/api/v1/audit", "viewer", fixed("/api/v1/audit")),
+    Call("GET", "/api/v1/tokens", "admin", fixed("/api/v1/tokens")),
+    Call("POST", "/api/v1/tokens", "admin", token_body),
+    Call("DELETE", "/api/v1/tokens/{token}", "admin", new_token),
+]
+
+
+def test_the_matrix_covers_every_api_route(site: Site) -> None:
+    """A new endpoint cannot be added without saying who may call it."""
+    paths = site.client.get("/openapi.json").json()["paths"]
+    routes = {(method.upper(), path) for path, item in paths.items() if path.startswith("/api/") for method in item}
+    assert routes == {(c.method, c.route) for c in CALLS}
+
+
+def test_role_matrix(site: Site) -> None:
+    """Each endpoint by no token, viewer, operator, admin: 401 without a token, 403 below
+    its role, 2xx from its role up."""
+    assert site.upload(QUICK).status_code == 201
+    assert site.upload(SLOW).status_code == 201
+    run = site.post("/api/v1/runs", "operator", json={"event": "quick-raid"}).json()
+    site.wait_settled(run["id"])
+    ledger = site.get(f"/api/v1/runs/{run['id']}/ledger").json()
+    ids = {"run": run["id"], "creature": next(r["id"] for r in ledger if r["kind"] == "creature")}
+    rank = {role: i for i, role in enumerate(ROLES)}
+    seen = []
+    for call in CALLS:
+        for role in (None, *ROLES):
+            path, kw = call.prepare(site, ids)
+            headers = {**kw.pop("headers", {}), **site.auth(role)}
+            response = site.client.request(call.method, path, headers=headers, **kw)
+            if role is None:
+                expected = "401"
+            elif rank[role] < rank[call.needs]:
+                expected = "403"
+            else:
+                expected = "2xx"
+            got = "2xx" if 200 <= response.status_code < 300 else str(response.status_code)
+            seen.append((call.method, call.route, role, got, expected))
+            if got != "2xx":
+                assert response.json()["error"], (call.route, role)
+    wrong = [s for s in seen if s[3] != s[4]]
+    assert not wrong, wrong
+
+
+def _login(site: Site, role: str) -> str:
+    """Sign in on the dashboard with `role`'s token; answers the page's CSRF token."""
+    response = site.client.post("/login", data={"token": site.tokens[role]}, follow_redirects=False)
+    assert response.status_code == 303
+    cookie = response.headers["set-cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=lax" in cookie.replace("Lax", "lax")
+    page = site.client.get("/")
+    match = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert match is not None
+    return match.group(1)
+
+
+def test_dashboard_sessions_need_csrf_and_the_right_role(site: Site) -> None:
+    """A session may read; a form post without the session's CSRF token is refused; a
+    viewer's session may not start runs; signing out ends the session."""
+    assert site.upload(QUICK).status_code == 201
+    anonymous = site.client.get("/", headers={"accept": "text/html"}, follow_redirects=False)
+    assert anonymous.status_code == 303
+    assert anonymous.headers["location"] == "/login"
+    bad = site.client.post("/login", data={"token": "rd_000000000000_nope"})
+    assert bad.status_code == 401
+    assert "not valid" in bad.text
+
+    csrf = _login(site, "operator")
+    assert site.client.get("/api/v1/me").json()["via"] == "session"
+    refused = site.client.post("/runs", data={"event": "quick-raid"}, follow_redirects=False)
+    assert refused.status_code == 403
+    forged = site.client.post("/runs", data={"event": "quick-raid", "csrf": "x" * 32}, follow_redirects=False)
+    assert forged.status_code == 403
+    api_without = site.client.post("/api/v1/runs", json={"event": "quick-raid"})
+    assert api_without.status_code == 403
+    assert "CSRF" in api_without.json()["error"]
+    assert site.store_call(lambda s: s.list_runs()) == []
+    started = site.client.post("/runs", data={"event": "quick-raid", "csrf": csrf}, follow_redirects=False)
+    assert started.status_code == 303
+    assert started.headers["location"].startswith("/runs/")
+    upload = site.client.post("/events", data={"source": QUICK, "csrf": csrf}, follow_redirects=False)
+    assert upload.status_code == 403  # uploading events is the admin's
+
+    site.client.post("/logout", data={"csrf": csrf})
+    assert site.client.get("/api/v1/me").status_code == 401
+
+    csrf = _login(site, "viewer")
+    assert site.client.post("/runs", data={"event": "quick-raid", "csrf": csrf}).status_code == 403
+    assert len(site.store_call(lambda s: s.list_runs())) == 1
+
+
+def test_revoking_a_token_ends_its_sessions(site: Site) -> None:
+    _login(site, "operator")
+    assert site.client.get("/api/v1/me").status_code == 200
+    assert site.client.delete("/api/v1/tokens/operator", headers=site.auth("admin")).status_code == 200
+    assert site.client.get("/api/v1/me").status_code == 401
