@@ -95,8 +95,6 @@ async def serve_queue(url: str, secret: str, options: ConformanceOptions) -> Asy
             transport = QueueTransport(queue, options)
             secrets = {options.module: secret} if options.module else _EveryName(secret)
             gateway = Gateway(store, queue, secrets, Registry(), on_announce=transport.announced)
-            if not options.module:
-                gateway.secrets = secrets  # the gateway copies its mapping; keep ours
             config = uvicorn.Config(
                 gateway.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1
             )

@@ -57,7 +57,7 @@ class Gateway:
     ) -> None:
         self.store = store
         self.queue = queue
-        self.secrets = dict(secrets)
+        self.secrets = secrets  # kept as given: a mapping may answer for names it learns later
         self.registry = registry
         self.max_skew = max_skew
         self.on_announce = on_announce
