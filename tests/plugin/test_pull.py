@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from roadie.modules import sandbox
@@ -35,6 +36,7 @@ class FakeGateway:
         self.reports: list[protocol.ReportRequest] = []
         self.refused: list[str] = []
         self.answered = asyncio.Event()
+        self.signing_secret: str | None = SECRET  # what it signs its poll answers with; None: unsigned
         self._ids = 0
         self.app = Starlette(
             routes=[
@@ -75,14 +77,16 @@ class FakeGateway:
         self.announced.append(protocol.Manifest.model_validate_json(await self._verified(request)))
         return JSONResponse({"announced": "sandbox"})
 
-    async def pull(self, request: Request) -> JSONResponse:
+    async def pull(self, request: Request) -> Response:
         wanted = protocol.PullRequest.model_validate_json(await self._verified(request))
         taken: list[protocol.PulledCall] = []
         with contextlib.suppress(TimeoutError):
             taken.append(await asyncio.wait_for(self.calls.get(), wanted.wait))
         while taken and len(taken) < wanted.max and not self.calls.empty():
             taken.append(self.calls.get_nowait())
-        return JSONResponse(protocol.PullAnswer(calls=taken).model_dump(mode="json"))
+        raw = protocol.PullAnswer(calls=taken).model_dump_json().encode()
+        headers = protocol.sign_answer(self.signing_secret, protocol.PULL, raw) if self.signing_secret else {}
+        return Response(raw, media_type="application/json", headers=headers)
 
     async def answer(self, request: Request) -> JSONResponse:
         posted = protocol.AnswerPost.model_validate_json(await self._verified(request))
@@ -226,5 +230,27 @@ def test_report_is_signed_kept_and_reverted_by_key(tmp_path: Path) -> None:
                 reverted = await server.handle("revert", json.dumps(revert_body("k1")).encode())
                 assert reverted.status == 200
                 assert world.snapshot()["creatures"] == {}
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("secret", [None, "not-the-modules-secret"], ids=["unsigned", "wrongly-signed"])
+def test_pull_client_carries_out_no_work_the_engine_did_not_sign(tmp_path: Path, secret: str | None) -> None:
+    """Work handed out in a poll's answer is the engine's word: one not signed with the
+    module's secret (a man in the middle, a wrong gateway) is not carried out."""
+
+    async def body() -> None:
+        gateway = FakeGateway()
+        gateway.signing_secret = secret
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app)) as http:
+            client = _client(tmp_path, http)
+            running = asyncio.create_task(client.run())
+            await asyncio.wait_for(client.announced.wait(), 10)
+            gateway.put("dispatch", dispatch_body("forged"))
+            await asyncio.sleep(1.0)
+            assert client.handled == 0
+            assert [e for e in client.server.state.effects() if e["op"] == "create"] == []
+            client.stop()
+            await asyncio.wait_for(running, 10)
 
     asyncio.run(body())

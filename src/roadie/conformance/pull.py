@@ -41,6 +41,9 @@ class _EveryName(dict[str, str]):
     def get(self, key: str, default: Any = None) -> Any:
         return self.secret
 
+    def __getitem__(self, key: str) -> str:
+        return self.secret
+
 
 class QueueTransport:
     """Calls put on the work queue for the announced module; answers as it posts them."""

@@ -153,7 +153,7 @@ class PullClient:
     async def _pull(self) -> list[protocol.PulledCall]:
         body = protocol.PullRequest(max=self.max_calls - len(self._tasks), wait=self.wait).model_dump(mode="json")
         self._poll = asyncio.create_task(
-            self.server.post(self.engine_url, protocol.PULL, body, read_timeout=self.wait + 15.0)
+            self.server.post(self.engine_url, protocol.PULL, body, read_timeout=self.wait + 15.0, signed_answer=True)
         )
         try:
             status, answer = await self._poll

@@ -460,10 +460,18 @@ class ModuleServer:
         return self._http
 
     async def post(
-        self, base_url: str, path: str, body: Any, *, key: str = protocol.NO_KEY, read_timeout: float | None = None
+        self,
+        base_url: str,
+        path: str,
+        body: Any,
+        *,
+        key: str = protocol.NO_KEY,
+        read_timeout: float | None = None,
+        signed_answer: bool = False,
     ) -> tuple[int, Any]:
         """POST `body` to the engine, signed as this module; its status and parsed body.
-        A transport failure raises RetryableError."""
+        A transport failure raises RetryableError. With `signed_answer`, a 2xx answer the
+        engine did not sign with this module's secret is refused (RetryableError)."""
         raw = json.dumps(body, separators=(",", ":")).encode()
         headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name)
         try:
@@ -475,6 +483,11 @@ class ModuleServer:
             )
         except httpx.TransportError as exc:
             raise RetryableError(f"{self.module.name}: {base_url}{path}: {type(exc).__name__}: {exc}") from exc
+        if signed_answer and response.is_success:
+            try:
+                protocol.verify_answer(self._secret, path, response.headers, response.content, max_skew=self.max_skew)
+            except protocol.SignatureRefused as exc:
+                raise RetryableError(f"{self.module.name}: {base_url}{path} answered unsigned: {exc.message}") from exc
         try:
             parsed = response.json() if response.content else None
         except ValueError:

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from roadie.engine.ledger import normalise
@@ -114,7 +114,9 @@ class Gateway:
             )
             for c in taken
         ]
-        return protocol.PullAnswer(calls=calls).model_dump(mode="json")
+        raw = protocol.PullAnswer(calls=calls).model_dump_json().encode()
+        secret = self.secrets[module]
+        return Response(raw, media_type="application/json", headers=protocol.sign_answer(secret, protocol.PULL, raw))
 
     async def answer(self, request: Request) -> Any:
         module, body = await self._verified(request)
@@ -189,7 +191,7 @@ def _guarded(find: Callable[[Request], Gateway], name: str) -> Any:
             result = await getattr(find(request), name)(request)
         except _Refused as exc:
             return _error(exc.status, exc.message, exc.field, retryable=exc.retryable)
-        return JSONResponse(result)
+        return result if isinstance(result, Response) else JSONResponse(result)
 
     route.__name__ = f"gateway_{name}"
     return route

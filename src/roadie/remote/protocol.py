@@ -124,6 +124,32 @@ def verify(
         raise SignatureRefused("wrong signature: not made with this module's secret over this method, path and body")
 
 
+# The gateway's answer to a poll carries work the module will carry out, so it is signed
+# too: with the same secret and headers, over `ANSWER \n PATH \n TIMESTAMP \n BODY`. The
+# word ANSWER in the method's place means no request's signature can pass for an answer's.
+ANSWER_METHOD = "ANSWER"
+
+
+def sign_answer(secret: str, path: str, body: bytes, *, now: float | None = None) -> dict[str, str]:
+    """The headers that sign the answer to a request for `path`."""
+    headers = sign(secret, ANSWER_METHOD, path, body, now=now)
+    del headers[H_KEY]
+    return headers
+
+
+def verify_answer(
+    secret: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now: float | None = None,
+    max_skew: float = MAX_SKEW,
+) -> None:
+    """Refuse an answer to a request for `path` that the other side did not sign."""
+    verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew)
+
+
 def _header(headers: Mapping[str, str], name: str) -> str:
     value = headers.get(name)
     if value is None:
