@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import structlog
 from sqlalchemy import (
     ColumnElement,
     and_,
@@ -58,8 +59,14 @@ from roadie.store.tables import (
     workers,
 )
 
+log = structlog.get_logger(__name__)
+
 WritePoint = Callable[[str], None]
 TRANSIENT_ATTEMPTS = 8
+# Lost connections are tried again for about ten seconds (pauses of 0.05 s doubling up to
+# 2 s): long enough for a database server to restart, short enough to report a dead one.
+CONNECTION_ATTEMPTS = 10
+RECONNECT_MAX_DELAY = 2.0
 _CHUNK = 400  # bound on bind parameters per statement, well inside every database's limit
 
 
@@ -184,35 +191,61 @@ class Store:
         """Run `work` in one write transaction, passing the named write point before commit.
 
         A deadlock or serialisation failure is the database asking for the transaction
-        again; it is run again, a few times, before it becomes a `StoreError`.
+        again; it is run again, a few times, before it becomes a `StoreError`. So is a
+        connection lost before the commit was sent (the server restarted, the backend was
+        killed): nothing of the transaction was kept, and a new connection is tried with
+        a growing pause, for as long as a server restart takes. A connection lost *during*
+        the commit is not run again: whether it committed is unknown, and the caller (who
+        knows whether doing it twice is harmless) decides.
         """
-        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+        attempt = lost = 0
+        while True:
+            committing = False
             try:
                 self.active += 1
                 async with self.engine.connect() as conn:
                     async with conn.begin():
                         result = await work(conn)
                         self.write_point(name)
+                        committing = True
                     return result
             except DBAPIError as exc:
+                if not committing and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                    lost += 1
+                    await self._reconnect_pause(name, lost, exc)
+                    continue
+                attempt += 1
                 if attempt < TRANSIENT_ATTEMPTS and dialects.is_transient(self.dialect, exc):
                     # Jittered, so that the workers that deadlocked do not meet again.
                     await asyncio.sleep(random.uniform(0, 0.02 * attempt))
                     continue
+                if committing and dialects.is_connection_lost(self.dialect, exc):
+                    raise StoreError(f"{name}: the connection was lost while committing: {exc.orig}") from exc
                 raise StoreError(f"{name}: {exc.orig}") from exc
             finally:
                 self.active -= 1
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _read(self, work: Callable[[AsyncConnection], Any]) -> Any:
-        self.active += 1
-        try:
-            async with self.engine.connect() as conn:
-                return await work(conn)
-        except DBAPIError as exc:
-            raise StoreError(str(exc.orig)) from exc
-        finally:
-            self.active -= 1
+        lost = 0
+        while True:
+            self.active += 1
+            try:
+                async with self.engine.connect() as conn:
+                    return await work(conn)
+            except DBAPIError as exc:
+                # A read changes nothing: after a lost connection it is always safe again.
+                if lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                    lost += 1
+                    await self._reconnect_pause("read", lost, exc)
+                    continue
+                raise StoreError(str(exc.orig)) from exc
+            finally:
+                self.active -= 1
+
+    async def _reconnect_pause(self, name: str, lost: int, exc: DBAPIError) -> None:
+        delay = min(RECONNECT_MAX_DELAY, 0.05 * 2 ** (lost - 1)) * random.uniform(0.5, 1.0)
+        log.warning("database connection lost; reconnecting", write=name, attempt=lost, error=str(exc.orig)[:200])
+        await asyncio.sleep(delay)
 
     # -- events ---------------------------------------------------------------------
 
