@@ -989,12 +989,14 @@ class Store:
 
         The attempt that was lost counts; a step with no attempts left fails, because a
         worker that keeps dying on it is a failure too, and cleanup must get its turn.
+        A claim is expired *at* its expiry, the moment `next_claim_expiry` names: a worker
+        woken then must find the step, or a fake clock would stand still there for ever.
         """
 
         async def work(conn: AsyncConnection) -> int:
             query = select(
                 steps.c.id, steps.c.run_id, steps.c.on_error, steps.c.name, steps.c.attempts, steps.c.max_attempts
-            ).where(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires < now)
+            ).where(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires <= now)
             if self.dialect != "sqlite":
                 query = query.with_for_update(skip_locked=True)
             expired = (await conn.execute(query)).all()
