@@ -163,7 +163,12 @@ class Engine:
         due: datetime | None = None
         now = self.clock.now()
         moves: list[RunMove] = []
-        for counts in await self.store.runs_in_flight():
+        in_flight = await self.store.runs_in_flight(known=self._definitions.keys())
+        # Forget the runs that ended elsewhere (another worker finished them).
+        alive = {c.run.id for c in in_flight}
+        for run_id in [i for i in self._definitions if i not in alive]:
+            del self._definitions[run_id]
+        for counts in in_flight:
             run = counts.run
             frozen = self._frozen(run)
             if run.cancel_requested:

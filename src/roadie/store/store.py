@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -416,8 +416,13 @@ class Store:
         result: bool = await self._write("request_cancel", work)
         return result
 
-    async def runs_in_flight(self) -> list[PhaseCounts]:
-        """Every unfinished run with how many steps of its current phase are ready and running."""
+    async def runs_in_flight(self, known: Container[int] = ()) -> list[PhaseCounts]:
+        """Every unfinished run with how many steps of its current phase are ready and running.
+
+        A run's definition is frozen when it is created, so a caller that has parsed it
+        already names the run in `known`: its `definition` is then not read again (it is
+        answered empty), which spares decoding every run's definition on every pass.
+        """
         in_flight = runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value])
 
         def count(status: StepStatus) -> Any:
@@ -436,7 +441,7 @@ class Store:
         )
         query = (
             select(
-                runs,
+                *(c for c in runs.c if c.name != "definition"),
                 func.coalesce(counts.c.ready, 0).label("ready"),
                 func.coalesce(counts.c.running, 0).label("running"),
             )
@@ -446,7 +451,15 @@ class Store:
         )
 
         async def work(conn: AsyncConnection) -> list[PhaseCounts]:
-            return [PhaseCounts(from_row(RunRow, r), int(r.ready), int(r.running)) for r in await conn.execute(query)]
+            found = (await conn.execute(query)).all()
+            definitions: dict[int, Any] = {}
+            for chunk in _chunks([r.id for r in found if r.id not in known]):
+                wanted = select(runs.c.id, runs.c.definition).where(runs.c.id.in_(list(chunk)))
+                definitions.update((r.id, r.definition) for r in await conn.execute(wanted))
+            return [
+                PhaseCounts(from_row(RunRow, r, definition=definitions.get(r.id, {})), int(r.ready), int(r.running))
+                for r in found
+            ]
 
         result: list[PhaseCounts] = await self._read(work)
         return result
