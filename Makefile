@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean chromium
+.PHONY: demo test chaos lint bench clean chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ test: $(STAMP) chromium
 chromium:
 	@[ -x /usr/bin/chromium ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || echo "chromium missing: apt-get install -y chromium (as root) for tests/web/test_browser.py"
 
+# The crash-and-fault suite at the size docs/reliability.md reports, on every database
+# (about 40 minutes on 2 cores); `make test` runs it at CI size.
+chaos: $(STAMP)
+	rm -f .chaos.jsonl
+	ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/chaos -m chaos \
+		--chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
+	$(BIN)/python -m tests.chaos.figures .chaos.jsonl
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -37,4 +45,4 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .chaos.jsonl

@@ -353,6 +353,48 @@ def harness(make_harness: Callable[..., Harness]) -> Harness:
     return make_harness(probe_module())
 
 
+# -- the chaos suite's sizes -----------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("roadie chaos")
+    group.addoption(
+        "--chaos-trials",
+        type=int,
+        default=int(os.environ.get("ROADIE_CHAOS_TRIALS", "10")),
+        help="SIGKILL trials per write point and database in tests/chaos (default 10, or ROADIE_CHAOS_TRIALS)",
+    )
+    group.addoption(
+        "--chaos-trials-mariadb",
+        type=int,
+        default=int(os.environ.get("ROADIE_CHAOS_TRIALS_MARIADB", "0")) or None,
+        help="the same on MariaDB, whose trials are the slowest (default a fifth of --chaos-trials, at least 1)",
+    )
+    group.addoption(
+        "--soak-runs",
+        type=int,
+        default=int(os.environ.get("ROADIE_SOAK_RUNS", "50")),
+        help="runs of the random-fault soak in tests/chaos (default 50, or ROADIE_SOAK_RUNS)",
+    )
+
+
+@pytest.fixture
+def chaos_trials(request: pytest.FixtureRequest) -> int:
+    """Trials per point for this test's database (MariaDB's are sized apart)."""
+    trials: int = request.config.getoption("--chaos-trials")
+    backend = getattr(request.node, "callspec", None) and request.node.callspec.params.get("database")
+    if backend == "mariadb":
+        mariadb: int | None = request.config.getoption("--chaos-trials-mariadb")
+        return mariadb if mariadb is not None else max(1, trials // 5)
+    return trials
+
+
+@pytest.fixture
+def soak_runs(request: pytest.FixtureRequest) -> int:
+    runs: int = request.config.getoption("--soak-runs")
+    return runs
+
+
 # -- the databases --------------------------------------------------------------------------
 
 

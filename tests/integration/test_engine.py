@@ -477,3 +477,29 @@ def test_a_run_that_ledgers_nothing_needs_no_cleanup(harness: Harness) -> None:
         assert await harness.resources(run) == []
 
     harness.run(body)
+
+
+def test_settle_takes_over_a_claim_at_the_moment_it_expires(harness: Harness) -> None:
+    """A step left claimed by this very worker (it lost track of the dispatch, e.g. after
+    recording failed for good) is due again when its claim expires: the clock jumps to
+    that moment and the step is taken over then, instead of the worker waiting on a
+    moment it has already reached."""
+    event = probe_event("""
+  - name: only
+    steps:
+      - action: probe.make
+        name: orphan
+        with: {answer: [{kind: thing, ref: orphan}]}
+""")
+
+    async def body() -> None:
+        run = await harness.start(event)
+        harness.write_points.arm("record_outcomes")
+        with pytest.raises(Crash):
+            await harness.engine.tick()
+        assert (await harness.step(run, "orphan")).status == "running"
+        [run] = await harness.settle(run, max_ticks=50)
+        step = await harness.step(run, "orphan")
+        assert (run.status, step.status, step.attempts) == ("succeeded", "succeeded", 2)
+
+    harness.run(body)

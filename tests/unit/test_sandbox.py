@@ -496,6 +496,39 @@ def test_random_faults_are_reproducible_from_the_seed(tmp_path: Path, clock: Fak
     assert {"fail", "lose", "crash", "ok"} <= set(first)
 
 
+def test_a_duplicate_delivery_changes_the_world_once(env: Env) -> None:
+    """A call delivered twice (the random `duplicate` fault) is answered twice by the key
+    ledger and makes its objects once; every fault met is counted by kind."""
+    env.world.set_random_faults(duplicate=1.0, seed=3)
+    first = env.dispatch("spawn", "k", kind="orc", region="yew", count=2)
+    env.world.set_random_faults()
+    assert env.dispatch("spawn", "k", kind="orc", region="yew", count=2) == first
+    assert len(env.world.snapshot()["creatures"]) == 2
+    assert [e["op"] for e in env.world.effects()] == ["create", "create"]
+    env.world.lose_next(1)
+    with pytest.raises(AnswerLost):
+        env.dispatch("spawn", "k2", kind="orc", region="yew")
+    assert env.world.faults_met == Counter({"duplicate": 1, "lose": 1})
+
+
+def test_the_hook_is_called_on_either_side_of_each_operation(env: Env) -> None:
+    """`hook` sees (op, "before") before an operation's transaction and (op, "after") once
+    it has committed; a hook that raises before stops the operation from happening."""
+    seen: list[tuple[str, str]] = []
+    env.world.hook = lambda op, when: seen.append((op, when))
+    env.dispatch("spawn", "k", kind="orc", region="yew")
+    assert seen == [("spawn", "before"), ("spawn", "after")]
+
+    def refuse(op: str, when: str) -> None:
+        raise RuntimeError("killed")
+
+    env.world.hook = refuse
+    with pytest.raises(RuntimeError):
+        env.dispatch("spawn", "k2", kind="orc", region="yew")
+    env.world.hook = None
+    assert len(env.world.snapshot()["creatures"]) == 1
+
+
 def test_clear_faults_disarms_everything(env: Env) -> None:
     """clear_faults drops counted knobs, the delay and random faults."""
     env.world.fail_next(3)

@@ -163,7 +163,12 @@ class Engine:
         due: datetime | None = None
         now = self.clock.now()
         moves: list[RunMove] = []
-        for counts in await self.store.runs_in_flight():
+        in_flight = await self.store.runs_in_flight(known=self._definitions.keys())
+        # Forget the runs that ended elsewhere (another worker finished them).
+        alive = {c.run.id for c in in_flight}
+        for run_id in [i for i in self._definitions if i not in alive]:
+            del self._definitions[run_id]
+        for counts in in_flight:
             run = counts.run
             frozen = self._frozen(run)
             if run.cancel_requested:
@@ -281,9 +286,17 @@ class Engine:
                 free = self.options.concurrency - len(inflight)
                 claimed: list[Claimed] = []
                 if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
-                    claimed = await self.store.claim_steps(
-                        self.worker_id, self.clock.now(), free, self.options.claim_ttl
-                    )
+                    try:
+                        claimed = await self.store.claim_steps(
+                            self.worker_id, self.clock.now(), free, self.options.claim_ttl
+                        )
+                    except StoreError as exc:
+                        if not inflight and not unrecorded:
+                            raise
+                        # The dispatches in flight have written the world: their answers
+                        # must still be recorded, so claiming more waits for the next pass.
+                        log.warning("claiming steps failed; finishing those in flight", error=exc.message)
+                        claimed = []
                     for c in claimed:
                         if c.refused:
                             self._tell(
@@ -320,7 +333,10 @@ class Engine:
                     if heartbeat.done() and self._heart is None:
                         # Without run_forever's background heartbeat (settle, tests), the
                         # drain beats for what it holds.
-                        await self.heartbeat()
+                        try:
+                            await self.heartbeat()
+                        except StoreError as exc:  # a claim outlives two missed beats
+                            log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
                     if self._lost:
                         self._abandon_lost(inflight)
                 finished = [t for t in inflight if t.done()]

@@ -93,6 +93,35 @@ def is_transient(dialect_name: str, error: BaseException) -> bool:
     return False
 
 
+# PostgreSQL: class 08 (connection exception) and 57P01-57P03 (the server is shutting
+# down, crashed, or not yet accepting connections after a restart).
+_PG_CONNECTION_STATES = ("57P01", "57P02", "57P03")
+# MariaDB client and server codes: can't connect (2002, 2003), server gone away (2006),
+# lost connection (2013), connection killed (1927), disconnected by the server (4031).
+_MYSQL_CONNECTION_CODES = (2002, 2003, 2006, 2013, 1927, 4031)
+
+
+def is_connection_lost(dialect_name: str, error: BaseException) -> bool:
+    """The connection to the server broke or could not be made (a server restart, a
+    killed backend, a network cut): a transaction that never reached its commit can be
+    run again on a new connection."""
+    if getattr(error, "connection_invalidated", False):
+        return True  # SQLAlchemy saw a disconnect, and has already dropped the pool's stale connections
+    orig = getattr(error, "orig", error)
+    if dialect_name == "postgresql":
+        state = getattr(orig, "sqlstate", None)
+        if state is None:
+            # psycopg says "connection failed" (refused, reset) without a SQLSTATE.
+            return type(orig).__name__ == "OperationalError"
+        return str(state).startswith("08") or state in _PG_CONNECTION_STATES
+    if dialect_name in MYSQL_FAMILY:
+        code: Any = orig.args[0] if getattr(orig, "args", None) else None
+        while isinstance(code, tuple) and code:
+            code = code[0]
+        return code in _MYSQL_CONNECTION_CODES
+    return False
+
+
 def returning_update(dialect_name: str) -> bool:
     """Whether UPDATE ... RETURNING exists (SQLite, PostgreSQL; not MariaDB)."""
     return dialect_name not in MYSQL_FAMILY

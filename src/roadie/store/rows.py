@@ -11,9 +11,22 @@ from sqlalchemy import Row
 T = TypeVar("T")
 
 
-def from_row(cls: type[T], row: Row[Any]) -> T:
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    # dataclasses.fields() builds its answer anew on every call; rows are made by the thousand.
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+def from_row(cls: type[T], row: Row[Any], **overrides: Any) -> T:
+    """`cls` from a row's columns of the same names; `overrides` for columns not selected."""
     mapping = row._mapping
-    return cls(**{f.name: mapping[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+    values = {name: overrides[name] if name in overrides else mapping[name] for name in _names(cls)}
+    return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import structlog
 from sqlalchemy import (
     ColumnElement,
     and_,
@@ -71,8 +72,14 @@ from roadie.store.tables import (
     workers,
 )
 
+log = structlog.get_logger(__name__)
+
 WritePoint = Callable[[str], None]
 TRANSIENT_ATTEMPTS = 8
+# Lost connections are tried again for about ten seconds (pauses of 0.05 s doubling up to
+# 2 s): long enough for a database server to restart, short enough to report a dead one.
+CONNECTION_ATTEMPTS = 10
+RECONNECT_MAX_DELAY = 2.0
 _CHUNK = 400  # bound on bind parameters per statement, well inside every database's limit
 
 
@@ -197,35 +204,61 @@ class Store:
         """Run `work` in one write transaction, passing the named write point before commit.
 
         A deadlock or serialisation failure is the database asking for the transaction
-        again; it is run again, a few times, before it becomes a `StoreError`.
+        again; it is run again, a few times, before it becomes a `StoreError`. So is a
+        connection lost before the commit was sent (the server restarted, the backend was
+        killed): nothing of the transaction was kept, and a new connection is tried with
+        a growing pause, for as long as a server restart takes. A connection lost *during*
+        the commit is not run again: whether it committed is unknown, and the caller (who
+        knows whether doing it twice is harmless) decides.
         """
-        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+        attempt = lost = 0
+        while True:
+            committing = False
             try:
                 self.active += 1
                 async with self.engine.connect() as conn:
                     async with conn.begin():
                         result = await work(conn)
                         self.write_point(name)
+                        committing = True
                     return result
             except DBAPIError as exc:
+                if not committing and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                    lost += 1
+                    await self._reconnect_pause(name, lost, exc)
+                    continue
+                attempt += 1
                 if attempt < TRANSIENT_ATTEMPTS and dialects.is_transient(self.dialect, exc):
                     # Jittered, so that the workers that deadlocked do not meet again.
                     await asyncio.sleep(random.uniform(0, 0.02 * attempt))
                     continue
+                if committing and dialects.is_connection_lost(self.dialect, exc):
+                    raise StoreError(f"{name}: the connection was lost while committing: {exc.orig}") from exc
                 raise StoreError(f"{name}: {exc.orig}") from exc
             finally:
                 self.active -= 1
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _read(self, work: Callable[[AsyncConnection], Any]) -> Any:
-        self.active += 1
-        try:
-            async with self.engine.connect() as conn:
-                return await work(conn)
-        except DBAPIError as exc:
-            raise StoreError(str(exc.orig)) from exc
-        finally:
-            self.active -= 1
+        lost = 0
+        while True:
+            self.active += 1
+            try:
+                async with self.engine.connect() as conn:
+                    return await work(conn)
+            except DBAPIError as exc:
+                # A read changes nothing: after a lost connection it is always safe again.
+                if lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                    lost += 1
+                    await self._reconnect_pause("read", lost, exc)
+                    continue
+                raise StoreError(str(exc.orig)) from exc
+            finally:
+                self.active -= 1
+
+    async def _reconnect_pause(self, name: str, lost: int, exc: DBAPIError) -> None:
+        delay = min(RECONNECT_MAX_DELAY, 0.05 * 2 ** (lost - 1)) * random.uniform(0.5, 1.0)
+        log.warning("database connection lost; reconnecting", write=name, attempt=lost, error=str(exc.orig)[:200])
+        await asyncio.sleep(delay)
 
     # -- events ---------------------------------------------------------------------
 
@@ -396,8 +429,13 @@ class Store:
         result: bool = await self._write("request_cancel", work)
         return result
 
-    async def runs_in_flight(self) -> list[PhaseCounts]:
-        """Every unfinished run with how many steps of its current phase are ready and running."""
+    async def runs_in_flight(self, known: Container[int] = ()) -> list[PhaseCounts]:
+        """Every unfinished run with how many steps of its current phase are ready and running.
+
+        A run's definition is frozen when it is created, so a caller that has parsed it
+        already names the run in `known`: its `definition` is then not read again (it is
+        answered empty), which spares decoding every run's definition on every pass.
+        """
         in_flight = runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value])
 
         def count(status: StepStatus) -> Any:
@@ -416,7 +454,7 @@ class Store:
         )
         query = (
             select(
-                runs,
+                *(c for c in runs.c if c.name != "definition"),
                 func.coalesce(counts.c.ready, 0).label("ready"),
                 func.coalesce(counts.c.running, 0).label("running"),
             )
@@ -426,7 +464,15 @@ class Store:
         )
 
         async def work(conn: AsyncConnection) -> list[PhaseCounts]:
-            return [PhaseCounts(from_row(RunRow, r), int(r.ready), int(r.running)) for r in await conn.execute(query)]
+            found = (await conn.execute(query)).all()
+            definitions: dict[int, Any] = {}
+            for chunk in _chunks([r.id for r in found if r.id not in known]):
+                wanted = select(runs.c.id, runs.c.definition).where(runs.c.id.in_(list(chunk)))
+                definitions.update((r.id, r.definition) for r in await conn.execute(wanted))
+            return [
+                PhaseCounts(from_row(RunRow, r, definition=definitions.get(r.id, {})), int(r.ready), int(r.running))
+                for r in found
+            ]
 
         result: list[PhaseCounts] = await self._read(work)
         return result
@@ -969,12 +1015,14 @@ class Store:
 
         The attempt that was lost counts; a step with no attempts left fails, because a
         worker that keeps dying on it is a failure too, and cleanup must get its turn.
+        A claim is expired *at* its expiry, the moment `next_claim_expiry` names: a worker
+        woken then must find the step, or a fake clock would stand still there for ever.
         """
 
         async def work(conn: AsyncConnection) -> int:
             query = select(
                 steps.c.id, steps.c.run_id, steps.c.on_error, steps.c.name, steps.c.attempts, steps.c.max_attempts
-            ).where(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires < now)
+            ).where(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires <= now)
             if self.dialect != "sqlite":
                 query = query.with_for_update(skip_locked=True)
             expired = (await conn.execute(query)).all()

@@ -21,6 +21,10 @@ Fault knobs make it misbehave on purpose. The counted knobs (`fail_next`, `lose_
 object or another process serving the same file sees them; `set_random_faults` lives in
 the object's memory, because a seeded random stream cannot be shared between processes
 and stay reproducible.
+
+For the reliability tests, `faults_met` counts the faults this object's calls met by
+kind, and `hook`, when set, is called on either side of every operation's transaction
+(the crash tests kill the process there).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 import random
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -142,6 +147,7 @@ class FaultKind(StrEnum):
     LOSE = "lose"  # apply, store the answer, then raise AnswerLost
     CRASH = "crash"  # apply half, store no answer, raise WorldCrashed
     FAIL_REVERT = "fail_revert"  # a revert raises RetryableError before touching the world
+    DUPLICATE = "duplicate"  # random only: the call is delivered a second time after it answered
 
 
 class WorldCrashed(RuntimeError):
@@ -185,6 +191,13 @@ class SandboxWorld:
         self._lock = threading.RLock()
         self._rng: random.Random | None = None
         self._random: dict[FaultKind, float] = {}
+        # The faults this object's calls met, by kind (counted knobs and dice alike), for
+        # the reliability soak's tally. In memory: it counts what this process saw.
+        self.faults_met: Counter[str] = Counter()
+        # The crash tests' hook around every operation: called with (op, "before") just
+        # before its transaction begins and (op, "after") just after it committed, so a
+        # test can kill the process on either side of a world write. None in production.
+        self.hook: Callable[[str, str], None] | None = None
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is
         # exactly one method call and never spans two.
         self._db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
@@ -255,11 +268,23 @@ class SandboxWorld:
         back, knob included: a refused call is not a call the knob was aimed at.
         """
         result: T | None = None
+        if self.hook is not None:
+            self.hook(op, "before")
         with self._transaction() as db:
             fault = self._take_fault(db, op, revert=revert)
             failing = fault is not None and fault.kind in (FaultKind.FAIL, FaultKind.FAIL_REVERT)
             if not failing:
                 result = body(db, fault is not None and fault.kind is FaultKind.CRASH)
+        if self.hook is not None:
+            self.hook(op, "after")
+        if fault is not None:
+            self.faults_met[fault.kind.value] += 1
+        if fault is not None and fault.kind is FaultKind.DUPLICATE:
+            # The same request arrives again, as a transport that retried it would deliver
+            # it: the key ledger answers it, and this second answer is the one returned.
+            with self._transaction() as db:
+                again: T = body(db, False)
+            return again
         if fault is not None:
             if fault.kind in (FaultKind.FAIL, FaultKind.FAIL_REVERT):
                 raise RetryableError(fault.message)
@@ -297,7 +322,7 @@ class SandboxWorld:
         if op not in ACTION_OPS:
             return None
         roll, edge = self._rng.random(), 0.0
-        for kind in (FaultKind.FAIL, FaultKind.LOSE, FaultKind.CRASH):
+        for kind in (FaultKind.FAIL, FaultKind.LOSE, FaultKind.CRASH, FaultKind.DUPLICATE):
             edge += self._random.get(kind, 0.0)
             if roll < edge:
                 return _Fault(kind, f"sandbox: random {kind.value} ({op})")
@@ -371,25 +396,28 @@ class SandboxWorld:
         lose: float = 0.0,
         crash: float = 0.0,
         *,
+        duplicate: float = 0.0,
         revert_fail: float = 0.0,
         seed: int | None = None,
     ) -> None:
-        """Give every action call a chance to fail, lose its answer or crash (and every
-        revert a chance to fail), drawn from `random.Random(seed)`.
+        """Give every action call a chance to fail, lose its answer, crash or be delivered
+        twice (and every revert a chance to fail), drawn from `random.Random(seed)`.
 
         Held in this object's memory, not the file. Counted knobs are met first; the dice
         are only rolled for a call no counted knob applies to. All zero turns them off.
         """
-        for name, chance in (("fail", fail), ("lose", lose), ("crash", crash), ("revert_fail", revert_fail)):
+        chances = (("fail", fail), ("lose", lose), ("crash", crash), ("duplicate", duplicate))
+        for name, chance in (*chances, ("revert_fail", revert_fail)):
             if not 0.0 <= chance <= 1.0:
                 raise ValueError(f"{name} must be a probability, got {chance!r}")
-        if fail + lose + crash > 1.0:
-            raise ValueError("fail + lose + crash cannot exceed 1")
+        if fail + lose + crash + duplicate > 1.0:
+            raise ValueError("fail + lose + crash + duplicate cannot exceed 1")
         with self._lock:
             self._random = {
                 FaultKind.FAIL: fail,
                 FaultKind.LOSE: lose,
                 FaultKind.CRASH: crash,
+                FaultKind.DUPLICATE: duplicate,
                 FaultKind.FAIL_REVERT: revert_fail,
             }
             active = any(self._random.values())

@@ -1,0 +1,81 @@
+"""Markdown tables from the JSON lines the chaos suite appends to `ROADIE_CHAOS_REPORT`.
+
+.venv/bin/python -m tests.chaos.figures chaos.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from typing import Any
+
+
+def tables(lines: list[dict[str, Any]]) -> str:
+    out: list[str] = []
+    kills = [x for x in lines if x["suite"] == "kill"]
+    if kills:
+        backends = sorted({x["backend"] for x in kills}, key=["sqlite", "postgresql", "mariadb"].index)
+        by_point: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+        moments: dict[str, str] = {}
+        for x in kills:
+            by_point[x["point"]][x["backend"]] = x
+            moments[x["point"]] = x["moment"]
+        out.append("| point | the process had | " + " | ".join(backends) + " |")
+        out.append("| --- | --- | " + " | ".join("---:" for _ in backends) + " |")
+        for point, cells in by_point.items():
+            row = [
+                f"{cells[b]['restored']}/{cells[b]['trials']} restored, {cells[b]['objects_removed_twice']} twice"
+                if b in cells
+                else "–"
+                for b in backends
+            ]
+            out.append(f"| `{point}` | {moments[point]} | " + " | ".join(row) + " |")
+        out.append("")
+        total = {b: sum(c[b]["trials"] for c in by_point.values() if b in c) for b in backends}
+        made = {b: sum(c[b]["objects_made"] for c in by_point.values() if b in c) for b in backends}
+        secs = {b: sum(c[b]["seconds"] for c in by_point.values() if b in c) for b in backends}
+        for b in backends:
+            out.append(
+                f"- {b}: {total[b]} kills and restarts, {made[b]} objects made and each removed once, {secs[b]:.0f} s"
+            )
+        out.append("")
+    soaks = [x for x in lines if x["suite"] == "soak"]
+    if soaks:
+        kinds = sorted({k for x in soaks for k in x["faults"]})
+        out.append(
+            "| database | runs | batches | worlds restored | resources lost | removed twice | "
+            + " | ".join(f"`{k}`" for k in kinds)
+            + " | engine crashes | human retries | seconds |"
+        )
+        out.append("| --- " + "| ---: " * (8 + len(kinds)) + "|")
+        for x in soaks:
+            faults = " | ".join(str(x["faults"].get(k, 0)) for k in kinds)
+            out.append(
+                f"| {x['backend']} | {x['runs']} | {x['batches']} | {x['worlds_restored']}/{x['batches']} | "
+                f"{x['resources_lost']} | {x['objects_removed_twice']} | {faults} | "
+                f"{sum(x['engine_crashes'].values())} | {x['human_retries']} | {x['seconds']:.0f} |"
+            )
+        out.append("")
+        for x in soaks:
+            statuses = ", ".join(f"{k} {v}" for k, v in sorted(x["run_status"].items()))
+            crashes = ", ".join(f"{k} {v}" for k, v in sorted(x["engine_crashes"].items()))
+            out.append(f"- {x['backend']} (seed {x['seed']}): runs ended {statuses}; engine crashes at {crashes}")
+        out.append("")
+    reconnects = [x for x in lines if x["suite"] == "reconnect"]
+    for x in reconnects:
+        out.append(f"- {x['backend']}: {x['killed']} connections killed under a worker carrying {x['runs']} runs")
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    lines: list[dict[str, Any]] = []
+    for path in argv:
+        with open(path) as source:
+            lines.extend(json.loads(line) for line in source if line.strip())
+    print(tables(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
