@@ -43,7 +43,7 @@ class SandboxServer:
 
     def start(self, *, wait: bool = True) -> SandboxServer:
         command = [
-            str(Path(sys.executable).parent / "roadie"), "sandbox", "serve",
+            str(Path(sys.executable).parent / "roadie"), "--log-level", "info", "sandbox", "serve",
             "--port", str(self.port), "--db", str(self.world), "--ledger", str(self.ledger),
             "--secret", SECRET, *self.flags,
         ]  # fmt: skip
@@ -69,6 +69,10 @@ class SandboxServer:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"sandbox serve did not answer in {timeout}s:\n{self.log.read_text()[-2000:]}")
+
+    def answers_dropped(self) -> int:
+        """Answers the server dropped on purpose (--lose-answers), by its log."""
+        return self.log.read_text(errors="replace").count("on purpose")
 
     def kill(self) -> None:
         """kill -9: no goodbye, nothing flushed that was not already committed."""

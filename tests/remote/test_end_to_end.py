@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import shutil
 import time
 from collections import Counter
@@ -177,12 +179,24 @@ def world_state(path: Path) -> dict[str, Any]:
         world.close()
 
 
+def append_figures(figures: dict[str, Any]) -> None:
+    """With ROADIE_CHAOS_REPORT=FILE, a trial's figures as one JSON line (docs/reliability.md)."""
+    path = os.environ.get("ROADIE_CHAOS_REPORT")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps(figures) + "\n")
+
+
+TRIALS = int(os.environ.get("ROADIE_REMOTE_TRIALS", "1"))  # more for docs/reliability.md's figures
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
 @pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
-def test_a_run_over_the_network_is_exact_through_faults_and_a_kill(tmp_path: Path, pull: bool) -> None:
+def test_a_run_over_the_network_is_exact_through_faults_and_a_kill(tmp_path: Path, pull: bool, trial: int) -> None:
     gateway_port = free_port()
     server = SandboxServer(
         tmp_path,
-        "--lose-answers", "0.2", "--fail-first", "2", "--seed", "3",
+        "--lose-answers", "0.2", "--fail-first", "2", "--seed", str(3 + trial),
         pull=f"http://127.0.0.1:{gateway_port}" if pull else None,
     )  # fmt: skip
 
@@ -196,7 +210,21 @@ def test_a_run_over_the_network_is_exact_through_faults_and_a_kill(tmp_path: Pat
             retried = [s for s in steps if s.attempts > 1]
             assert retried, "lost answers and failures were retried"
             assert world_state(server.world) == before
+            dropped = server.answers_dropped()
+            assert dropped > 0, "the server lost no answers: the test tested nothing"
         assert_every_effect_once(server.world)
+        append_figures(
+            {
+                "suite": "remote",
+                "transport": "pull" if pull else "push",
+                "steps": len(steps),
+                "retried": len(retried),
+                "attempts": sum(s.attempts for s in steps),
+                "answers_lost": dropped,
+                "server_kills": 1,
+                "restored": True,
+            }
+        )
 
     asyncio.run(body())
 
