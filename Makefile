@@ -24,11 +24,13 @@ chromium:
 	@[ -x /usr/bin/chromium ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || echo "chromium missing: apt-get install -y chromium (as root) for tests/web/test_browser.py"
 
 # The crash-and-fault suite at the size docs/reliability.md reports, on every database
-# (about 40 minutes on 2 cores); `make test` runs it at CI size.
+# (about 45 minutes on 2 cores; it stops and starts the machine's PostgreSQL once);
+# `make test` runs it at CI size.
 chaos: $(STAMP)
 	rm -f .chaos.jsonl
-	ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/chaos -m chaos \
+	ROADIE_CHAOS_RESTART=1 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/chaos -m chaos \
 		--chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
+	ROADIE_REMOTE_TRIALS=5 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/remote -k exact_through
 	$(BIN)/python -m tests.chaos.figures .chaos.jsonl
 
 lint: $(STAMP)
@@ -42,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/cleanup_scaling.py --postgresql postgresql://postgres@127.0.0.1:5432/test --write docs/benchmarks.md
 	$(BIN)/python benchmarks/commit_limit.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/web_latency.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/remote.py --write docs/benchmarks.md
 	$(BIN)/python -m pip install --quiet -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
 clean:

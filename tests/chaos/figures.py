@@ -65,6 +65,27 @@ def tables(lines: list[dict[str, Any]]) -> str:
     reconnects = [x for x in lines if x["suite"] == "reconnect"]
     for x in reconnects:
         out.append(f"- {x['backend']}: {x['killed']} connections killed under a worker carrying {x['runs']} runs")
+    for x in (x for x in lines if x["suite"] == "restart"):
+        out.append(f"- {x['backend']} restarted under a worker carrying {x['runs']} runs: away {x['down_seconds']} s")
+    remote = [x for x in lines if x["suite"] == "remote"]
+    if remote:
+        out += [
+            "",
+            "| transport | trials | steps | answers lost on purpose | module server kill -9 | steps retried "
+            "| attempts | worlds restored |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for transport in ("push", "pull"):
+            rows = [x for x in remote if x["transport"] == transport]
+            if rows:
+                total = {
+                    k: sum(x[k] for x in rows) for k in ("steps", "answers_lost", "server_kills", "retried", "attempts")
+                }
+                restored = sum(1 for x in rows if x["restored"])
+                out.append(
+                    f"| {transport} | {len(rows)} | {total['steps']} | {total['answers_lost']} "
+                    f"| {total['server_kills']} | {total['retried']} | {total['attempts']} | {restored}/{len(rows)} |"
+                )
     return "\n".join(out)
 
 
