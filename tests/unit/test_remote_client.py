@@ -1,0 +1,38 @@
+"""How the engine judges a remote module's answer: which failures are retried under the
+same key, and which are the module's final word."""
+
+from __future__ import annotations
+
+import pytest
+
+from roadie.errors import PermanentError, RetryableError
+from roadie.remote import protocol
+from roadie.remote.client import _WithHeaders, judge
+
+
+def test_a_success_is_the_answer() -> None:
+    assert judge("world", "dispatch", 200, {"resources": []}) == {"resources": []}
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 408, 409, 425, 429])
+def test_server_trouble_and_busy_keys_are_retried(status: int) -> None:
+    with pytest.raises(RetryableError, match="world dispatch: busy"):
+        judge("world", "dispatch", status, protocol.error_body("busy", retryable=True))
+
+
+def test_retry_after_is_honoured() -> None:
+    answer = _WithHeaders.wrap(protocol.error_body("slow down"), {"retry-after": "7"})
+    with pytest.raises(RetryableError) as caught:
+        judge("world", "dispatch", 429, answer)
+    assert caught.value.next_retry_delay == 7.0
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+def test_other_refusals_are_final_with_the_servers_message(status: int) -> None:
+    with pytest.raises(PermanentError, match=r"world dispatch: count too high \(params.count\)"):
+        judge("world", "dispatch", status, protocol.error_body("count too high", field="params.count"))
+
+
+def test_a_refusal_without_an_error_body_still_says_what_came() -> None:
+    with pytest.raises(PermanentError, match="HTTP 403: nope"):
+        judge("world", "revert", 403, "nope")
