@@ -17,7 +17,8 @@ from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
 from roadie.engine import Engine, EngineOptions
 from roadie.registry import Registry, build_registry
-from roadie.remote import Remotes, attach_remote_modules
+from roadie.remote import Remotes, attach_remote_modules, refresh_pull_module
+from roadie.remote.gateway import Gateway
 from roadie.store import Store
 
 
@@ -55,6 +56,17 @@ class Context:
     registry: Registry
     engine: Engine
     remotes: Remotes
+
+    def gateway(self) -> Gateway:
+        """What remote modules call, over this context's store, queue and secrets; a
+        pulling module that announces itself is usable in this process at once."""
+        return Gateway(
+            self.store,
+            self.remotes.queue,
+            self.remotes.secrets,
+            self.registry,
+            on_announce=lambda m: refresh_pull_module(self.registry, self.remotes, m, self.settings.base_dir),
+        )
 
 
 @asynccontextmanager

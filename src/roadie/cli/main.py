@@ -188,17 +188,15 @@ def gateway(
     """
     import uvicorn
 
-    from roadie.remote import protocol, refresh_pull_module
-    from roadie.remote.gateway import Gateway
-
     async def work(ctx: Context) -> None:
         ctx.remotes.queue.visibility = visibility
+        server = uvicorn.Server(uvicorn.Config(ctx.gateway().app(), host=host, port=port, log_level="warning"))
+        # uvicorn stops on SIGINT/SIGTERM and then raises the signal again for the handler
+        # it found: let that be one that does nothing, so a graceful stop exits 0.
+        import signal
 
-        def announced(manifest: protocol.Manifest) -> None:
-            refresh_pull_module(ctx.registry, ctx.remotes, manifest, ctx.settings.base_dir)
-
-        gateway = Gateway(ctx.store, ctx.remotes.queue, ctx.remotes.secrets, ctx.registry, on_announce=announced)
-        server = uvicorn.Server(uvicorn.Config(gateway.app(), host=host, port=port, log_level="warning"))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
         console.print(f"gateway on http://{host}:{port} for {ctx.settings.database_url}", highlight=False)
         if no_worker:
             await server.serve()

@@ -23,8 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roadie.cli.context import Context, open_context
 from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, StoreError
-from roadie.remote import refresh_pull_module
-from roadie.remote.gateway import Gateway, gateway_router
+from roadie.remote.gateway import gateway_router
 from roadie.web import api, dashboard
 from roadie.web.auth import Forbidden, Unauthenticated, state_of
 from roadie.web.live import Broker
@@ -60,13 +59,7 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
 
             engine.observer = observe
             # What remote modules call (docs/protocol.md): the same gateway `roadie gateway` serves.
-            app.state.gateway = Gateway(
-                ctx.store,
-                ctx.remotes.queue,
-                ctx.remotes.secrets,
-                ctx.registry,
-                on_announce=lambda m: refresh_pull_module(ctx.registry, ctx.remotes, m, ctx.settings.base_dir),
-            )
+            app.state.gateway = ctx.gateway()
             state = WebState(options, ctx.store, ctx.registry, engine, engine.clock, metrics, broker)
             app.state.web = state
             if options.worker:

@@ -1,0 +1,94 @@
+"""`roadie gateway` in a process of its own: a pulling module announces itself, takes a
+call a run's step made, answers it, and the run ends with what it answered."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from roadie.modules import sandbox
+from roadie.plugin import PullClient
+from roadie.remote import protocol
+from roadie.store import Store
+from tests.remote.servers import free_port
+
+SECRET = "gateway-acceptance-secret"
+EVENT = """
+id: pulled
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - {action: sandbox.spawn, name: orcs, with: {kind: orc, region: britain, count: 2}}
+"""
+
+
+def test_roadie_gateway_serves_a_pulling_module(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "roadie.toml").write_text(
+        f'database_url = "sqlite:///{tmp_path / "roadie.db"}"\n\n'
+        '[engine]\npoll_interval = 0.05\n\n[modules.sandbox]\ntransport = "pull"\nsecret_env = "SANDBOX_SECRET"\n'
+    )
+    env = {**os.environ, "SANDBOX_SECRET": SECRET}
+    roadie = str(Path(sys.executable).parent / "roadie")
+    gateway = subprocess.Popen(
+        [roadie, "gateway", "--port", str(port), "--visibility", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                refused = httpx.post(url + protocol.PULL, json={"max": 1, "wait": 0}, timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the gateway never listened"
+                time.sleep(0.1)
+        assert refused.status_code == 401
+
+        async def run_it() -> str:
+            client = PullClient(  # the sandbox world, polling the gateway from this process
+                sandbox.module, url, SECRET, str(tmp_path / "keys.db"), settings={"db": "world.db"},
+                base_dir=str(tmp_path), wait=1.0,
+            )  # fmt: skip
+            polling = asyncio.create_task(client.run())
+            await asyncio.wait_for(client.announced.wait(), 20)
+            (tmp_path / "pulled.yaml").write_text(EVENT)
+            started = await asyncio.to_thread(
+                subprocess.run,
+                [roadie, "run", "start", "pulled.yaml", "--json"],
+                cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert started.returncode == 0, started.stdout + started.stderr
+            store = await Store.open(f"sqlite:///{tmp_path / 'roadie.db'}")
+            try:
+                for _ in range(400):
+                    [run] = await store.list_runs()
+                    if run.status not in ("pending", "running"):
+                        break
+                    await asyncio.sleep(0.05)
+                resources = await store.list_resources(run.id)
+                creatures = client.server.state.snapshot()["creatures"]
+            finally:
+                await store.close()
+                client.stop()
+                await polling
+            assert sorted(r.kind for r in resources if r.kind != "@step") == ["creature", "creature"]
+            assert len(creatures) == 2
+            return run.status
+
+        assert asyncio.run(run_it()) == "succeeded"
+    finally:
+        gateway.terminate()
+        out, _ = gateway.communicate(timeout=30)
+        assert gateway.returncode == 0, out.decode()[-2000:]
