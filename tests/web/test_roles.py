@@ -184,3 +184,18 @@ def test_revoking_a_token_ends_its_sessions(site: Site) -> None:
     assert site.client.get("/api/v1/me").status_code == 200
     assert site.client.delete("/api/v1/tokens/operator", headers=site.auth("admin")).status_code == 200
     assert site.client.get("/api/v1/me").status_code == 401
+
+
+def test_a_refused_upload_or_start_shows_the_runs_page_with_why(site: Site) -> None:
+    """A bad event file and an unknown event come back as the runs page, 422, saying what
+    was wrong, with the file's text kept in the form; nothing is stored."""
+    csrf = _login(site, "admin")
+    bad = site.client.post("/events", data={"source": "id: x\nphases: 3\n", "csrf": csrf}, follow_redirects=False)
+    assert bad.status_code == 422
+    assert "phases" in bad.text
+    assert "id: x" in bad.text
+    unknown = site.client.post("/runs", data={"event": "no-such-event", "csrf": csrf}, follow_redirects=False)
+    assert unknown.status_code == 422
+    assert "no-such-event" in unknown.text
+    assert site.store_call(lambda s: s.list_events()) == []
+    assert site.store_call(lambda s: s.list_runs()) == []

@@ -128,26 +128,39 @@ async def upload_event(
     try:
         await service.upload_event(state, source, filename or "event.yaml", who.actor)
     except DefinitionError as exc:
-        events = await state.store.list_events()
-        runs = await state.store.list_runs(limit=50)
-        return _render(
-            request,
-            "runs.html",
-            who,
-            status_code=422,
-            runs=runs,
-            events=events,
-            states=STATES,
-            status=None,
-            event=None,
-            page=1,
-            pages=1,
-            total=len(runs),
-            upload_errors=[str(p) for p in exc.problems],
-            upload_source=source,
-            start_error=None,
-        )
+        return await _runs_refused(request, who, upload_errors=[str(p) for p in exc.problems], upload_source=source)
     return _back("/")
+
+
+async def _runs_refused(
+    request: Request,
+    who: Principal,
+    *,
+    upload_errors: list[str] | None = None,
+    upload_source: str = "",
+    start_error: str | None = None,
+) -> Response:
+    """The runs page again, 422, with why an upload or a start was refused."""
+    state = state_of(request)
+    events = await state.store.list_events()
+    runs = await state.store.list_runs(limit=50)
+    return _render(
+        request,
+        "runs.html",
+        who,
+        status_code=422,
+        runs=runs,
+        events=events,
+        states=STATES,
+        status=None,
+        event=None,
+        page=1,
+        pages=1,
+        total=len(runs),
+        upload_errors=upload_errors,
+        upload_source=upload_source,
+        start_error=start_error,
+    )
 
 
 def _parse_params(text: str) -> dict[str, Any]:
@@ -176,25 +189,7 @@ async def start_run(
     try:
         run = await service.start_run(state, event, _parse_params(params), who.actor)
     except RoadieError as exc:
-        events = await state.store.list_events()
-        runs = await state.store.list_runs(limit=50)
-        return _render(
-            request,
-            "runs.html",
-            who,
-            status_code=422,
-            runs=runs,
-            events=events,
-            states=STATES,
-            status=None,
-            event=None,
-            page=1,
-            pages=1,
-            total=len(runs),
-            upload_errors=None,
-            upload_source="",
-            start_error=exc.message,
-        )
+        return await _runs_refused(request, who, start_error=exc.message)
     return _back(f"/runs/{run.id}")
 
 
