@@ -243,6 +243,24 @@ async def _create_worker_runs(url: str, world_path: Path) -> tuple[list[int], di
     return ids, before
 
 
+def start_worker(url: str, home: Path, *, claim_ttl: float) -> tuple[subprocess.Popen[bytes], Path]:
+    """A `roadie worker` process on `url` and the sandbox world in `home`, logging to
+    `home/worker.log`."""
+    (home / "roadie.toml").write_text(
+        f'[engine]\nclaim_ttl = {claim_ttl:g}\npoll_interval = 0.2\n\n[modules.sandbox]\ndb = "world.db"\n'
+    )
+    log_path = home / "worker.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "roadie.cli.main", "--log-level", "info", "worker", "--concurrency", "8"],
+            cwd=home,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "ROADIE_DATABASE_URL": url},
+        )
+    return worker, log_path
+
+
 async def _settled(url: str, ids: list[int]) -> bool:
     store = await Store.open(url, migrate_schema=False)
     try:
@@ -266,19 +284,8 @@ def test_a_worker_carries_on_while_the_server_keeps_dropping_its_connections(
     url = database.fresh(tmp_path)
     try:
         world_path = tmp_path / "world.db"
-        (tmp_path / "roadie.toml").write_text(
-            f'[engine]\nclaim_ttl = 5\npoll_interval = 0.2\n\n[modules.sandbox]\ndb = "{world_path.name}"\n'
-        )
         ids, before = asyncio.run(_create_worker_runs(url, world_path))
-        log_path = tmp_path / "worker.log"
-        with log_path.open("wb") as log:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "roadie.cli.main", "--log-level", "info", "worker", "--concurrency", "8"],
-                cwd=tmp_path,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "ROADIE_DATABASE_URL": url},
-            )
+        worker, log_path = start_worker(url, tmp_path, claim_ttl=5)
         rng = random.Random(5)
         killed = rounds = 0
         try:

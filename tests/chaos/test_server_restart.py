@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 from roadie.clock import SystemClock
 from roadie.modules.sandbox import SandboxWorld
 from roadie.store import Store
-from tests.chaos.test_faults import _create_worker_runs, _report, _settled
+from tests.chaos.test_faults import _create_worker_runs, _report, _settled, start_worker
 from tests.chaos.worlds import assert_world_invariants, unfinished_runs
 from tests.databases import Database
 
@@ -63,19 +62,8 @@ def test_a_worker_carries_on_across_a_postgresql_restart(database: Database, tmp
     url = database.fresh(tmp_path)
     try:
         world_path = tmp_path / "world.db"
-        (tmp_path / "roadie.toml").write_text(
-            f'[engine]\nclaim_ttl = 10\npoll_interval = 0.2\n\n[modules.sandbox]\ndb = "{world_path.name}"\n'
-        )
         ids, before = asyncio.run(_create_worker_runs(url, world_path))
-        log_path = tmp_path / "worker.log"
-        with log_path.open("wb") as log:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "roadie.cli.main", "--log-level", "info", "worker", "--concurrency", "8"],
-                cwd=tmp_path,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "ROADIE_DATABASE_URL": url},
-            )
+        worker, log_path = start_worker(url, tmp_path, claim_ttl=10)
         try:
             deadline = time.monotonic() + 60
             while _succeeded_steps(url, ids) < 3:
