@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Insert, Table, event
+from sqlalchemy import Insert, Select, Table, event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -125,3 +125,12 @@ def is_connection_lost(dialect_name: str, error: BaseException) -> bool:
 def returning_update(dialect_name: str) -> bool:
     """Whether UPDATE ... RETURNING exists (SQLite, PostgreSQL; not MariaDB)."""
     return dialect_name not in MYSQL_FAMILY
+
+
+def skip_locked(dialect_name: str, query: Select[Any], *, of: Table | None = None) -> Select[Any]:
+    """Lock the rows `query` reads, skipping rows another transaction holds, so that two
+    workers claiming at once take different rows instead of waiting for each other.
+    SQLite has no row locks: its one writer at a time does the same job."""
+    if dialect_name == "sqlite":
+        return query
+    return query.with_for_update(skip_locked=True, of=of)

@@ -1,0 +1,39 @@
+"""The audit trail."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    select,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from roadie.store.connector import Connector
+from roadie.store.rows import (
+    AuditRow,
+    from_row,
+)
+from roadie.store.tables import (
+    audit,
+)
+
+
+class AuditQueries(Connector):
+    async def list_audit(self, subject: str | None = None, limit: int = 100) -> list[AuditRow]:
+        query = select(audit).order_by(audit.c.id.desc()).limit(limit)
+        if subject:
+            query = query.where(audit.c.subject == subject)
+
+        async def work(conn: AsyncConnection) -> list[AuditRow]:
+            return [from_row(AuditRow, r) for r in await conn.execute(query)]
+
+        result: list[AuditRow] = await self._read(work)
+        return result
+
+
+async def record_audit(
+    conn: AsyncConnection, now: datetime, actor: str, action: str, subject: str, detail: Any
+) -> None:
+    await conn.execute(audit.insert().values(at=now, actor=actor, action=action, subject=subject, detail=detail))

@@ -1,0 +1,138 @@
+"""The connector: one database, its transactions, reconnects and retries, and the write
+points the crash tests hook into. Every query module of the store is built on it.
+
+`write_point` is the fault hook of the crash tests: it is called with a name just before
+each write transaction commits, and whatever it raises aborts that transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, Self
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from roadie.errors import StoreError
+from roadie.store import dialects, migrate
+from roadie.store.tables import UTCDateTime
+
+log = structlog.get_logger(__name__)
+
+WritePoint = Callable[[str], None]
+TRANSIENT_ATTEMPTS = 8
+# Lost connections are tried again for about ten seconds (pauses of 0.05 s doubling up to
+# 2 s): long enough for a database server to restart, short enough to report a dead one.
+CONNECTION_ATTEMPTS = 10
+RECONNECT_MAX_DELAY = 2.0
+_CHUNK = 400  # bound on bind parameters per statement, well inside every database's limit
+
+
+def chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def aware(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    return UTCDateTime().process_result_value(value, None)  # type: ignore[arg-type]
+
+
+class Connector:
+    def __init__(self, engine: AsyncEngine, *, write_point: WritePoint | None = None) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.write_point: WritePoint = write_point or (lambda name: None)
+        self.active = 0  # database calls under way, for callers (tests) that must know
+
+    @classmethod
+    async def open(cls, url: str, *, migrate_schema: bool = True, **kwargs: Any) -> Self:
+        """Open the database at `url`, applying migrations first unless told not to."""
+        engine = dialects.create_engine(url, **kwargs)
+        store = cls(engine)
+        if migrate_schema:
+            await store.migrate()
+        return store
+
+    async def migrate(self) -> None:
+        async with self.engine.begin() as conn:
+            await conn.run_sync(migrate.upgrade)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    # -- plumbing -------------------------------------------------------------------
+
+    async def _write(self, name: str, work: Callable[[AsyncConnection], Any]) -> Any:
+        """Run `work` in one write transaction, passing the named write point before commit.
+
+        A deadlock or serialisation failure is the database asking for the transaction
+        again; it is run again, a few times, before it becomes a `StoreError`. So is a
+        connection lost before the commit was sent (the server restarted, the backend was
+        killed): nothing of the transaction was kept, and a new connection is tried with
+        a growing pause, for as long as a server restart takes. A connection lost *during*
+        the commit is not run again: whether it committed is unknown, and the caller (who
+        knows whether doing it twice is harmless) decides.
+        """
+        attempt = lost = 0
+        while True:
+            committing = False
+            try:
+                self.active += 1
+                async with self.engine.connect() as conn:
+                    async with conn.begin():
+                        result = await work(conn)
+                        self.write_point(name)
+                        committing = True
+                    return result
+            except DBAPIError as exc:
+                if not committing and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                    lost += 1
+                    await self._reconnect_pause(name, lost, exc)
+                    continue
+                attempt += 1
+                if attempt < TRANSIENT_ATTEMPTS and dialects.is_transient(self.dialect, exc):
+                    # Jittered, so that the workers that deadlocked do not meet again.
+                    await asyncio.sleep(random.uniform(0, 0.02 * attempt))
+                    continue
+                if committing and dialects.is_connection_lost(self.dialect, exc):
+                    raise StoreError(f"{name}: the connection was lost while committing: {exc.orig}") from exc
+                raise StoreError(f"{name}: {exc.orig}") from exc
+            finally:
+                self.active -= 1
+
+    async def _read(self, work: Callable[[AsyncConnection], Any]) -> Any:
+        lost = 0
+        while True:
+            self.active += 1
+            try:
+                async with self.engine.connect() as conn:
+                    return await work(conn)
+            except DBAPIError as exc:
+                # A read changes nothing: after a lost connection it is always safe again.
+                if lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                    lost += 1
+                    await self._reconnect_pause("read", lost, exc)
+                    continue
+                raise StoreError(str(exc.orig)) from exc
+            finally:
+                self.active -= 1
+
+    async def _reconnect_pause(self, name: str, lost: int, exc: DBAPIError) -> None:
+        delay = min(RECONNECT_MAX_DELAY, 0.05 * 2 ** (lost - 1)) * random.uniform(0.5, 1.0)
+        log.warning("database connection lost; reconnecting", write=name, attempt=lost, error=str(exc.orig)[:200])
+        await asyncio.sleep(delay)
+
+    async def ping(self) -> None:
+        """One round trip to the database, for health checks."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(select(1))
+
+        await self._read(work)

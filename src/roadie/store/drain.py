@@ -1,0 +1,374 @@
+"""The drain: claiming steps with their ledger rows reserved, recording their answers."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    bindparam,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from roadie.states import (
+    OVERRIDE_KIND,
+    STEP_KIND,
+    ResourceState,
+    Reversible,
+    RunStatus,
+    StepStatus,
+)
+from roadie.store import dialects
+from roadie.store.connector import Connector, aware, chunks
+from roadie.store.ledger import live_holders, mark_dirty, record_resources
+from roadie.store.records import Claimed, Outcome
+from roadie.store.rows import (
+    StepRow,
+    from_row,
+)
+from roadie.store.runs import fail_runs
+from roadie.store.tables import (
+    LIVE_STATES,
+    run_resources,
+    runs,
+    steps,
+)
+
+
+class DrainQueries(Connector):
+    async def claim_steps(self, worker: str, now: datetime, limit: int, claim_ttl: float) -> list[Claimed]:
+        """Claim up to `limit` runnable steps and reserve their ledger rows, in one transaction.
+
+        For `ledger` steps that is the placeholder `{@step, key}`; for `override` steps the
+        lease's real row. Both are committed before this returns, so every dispatch that
+        follows has its durable record (DESIGN §4 rules 1 and 3). A lease whose target
+        another run holds is refused here, before the world is touched: its step fails.
+        """
+        values = {
+            "status": StepStatus.RUNNING.value,
+            "claimed_by": worker,
+            "claim_expires": now + timedelta(seconds=claim_ttl),
+            "attempts": steps.c.attempts + 1,
+            "started_at": func.coalesce(steps.c.started_at, now),
+        }
+        ready = [steps.c.status == StepStatus.READY.value, steps.c.not_before <= now]
+        order = (steps.c.not_before, steps.c.id)
+
+        async def work(conn: AsyncConnection) -> list[Claimed]:
+            if dialects.returning_update(self.dialect):
+                runnable = (
+                    select(steps.c.id)
+                    .join(runs, runs.c.id == steps.c.run_id)
+                    .where(*ready, runs.c.cancel_requested.is_(False))
+                    .order_by(*order)
+                    .limit(limit)
+                )
+                runnable = dialects.skip_locked(self.dialect, runnable, of=steps)
+                statement = update(steps).where(steps.c.id.in_(runnable.scalar_subquery())).values(**values)
+                rows = (await conn.execute(statement.returning(*steps.c))).all()
+            else:
+                # MariaDB: no UPDATE ... RETURNING, and a locking read over a join would lock
+                # the run's row too, so that two workers could never share one run's steps.
+                stopped = [
+                    r.id
+                    for r in await conn.execute(
+                        select(runs.c.id).where(
+                            runs.c.cancel_requested.is_(True),
+                            runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]),
+                        )
+                    )
+                ]
+                query = select(steps.c.id).where(*ready).order_by(*order).limit(limit)
+                if stopped:
+                    query = query.where(steps.c.run_id.not_in(stopped))
+                ids = list((await conn.execute(query.with_for_update(skip_locked=True))).scalars())
+                if not ids:
+                    return []
+                await conn.execute(update(steps).where(steps.c.id.in_(ids)).values(**values))
+                rows = (await conn.execute(select(steps).where(steps.c.id.in_(ids)))).all()
+            claimed = sorted((Claimed(from_row(StepRow, r)) for r in rows), key=lambda c: c.step.id)
+            if claimed:
+                await self._reserve(conn, claimed, now)
+            return claimed
+
+        result: list[Claimed] = await self._write("claim_steps", work)
+        return result
+
+    async def _reserve(self, conn: AsyncConnection, claimed: list[Claimed], now: datetime) -> None:
+        wanted: dict[tuple[str, str, str], list[Claimed]] = {}
+        inserts = []
+        for c in claimed:
+            s = c.step
+            if s.reversible == Reversible.LEDGER.value:
+                target = (s.owner, STEP_KIND, s.idempotency_key)
+                payload: Any = {"action": s.action, "phase": s.phase, "seq": s.seq}
+            elif s.reversible == Reversible.OVERRIDE.value and s.lease_ref:
+                target = ("core", OVERRIDE_KIND, s.lease_ref)
+                payload = None
+            else:
+                continue
+            wanted.setdefault(target, []).append(c)
+            inserts.append(
+                {
+                    "run_id": s.run_id,
+                    "step_id": s.id,
+                    "owner": target[0],
+                    "kind": target[1],
+                    "ref": target[2],
+                    "payload": payload,
+                    "state": ResourceState.PENDING.value,
+                    "created_at": now,
+                    "updated_at": now,
+                    "attempts": 0,
+                }
+            )
+        if not inserts:
+            return
+        # Two steps of one batch may borrow the same target: one row is inserted, and each
+        # claimant is then judged against whoever holds it.
+        seen: set[tuple[str, str, str]] = set()
+        unique_inserts = []
+        for row in inserts:
+            key = (row["owner"], row["kind"], row["ref"])
+            if key not in seen:
+                seen.add(key)
+                unique_inserts.append(row)
+        await conn.execute(dialects.insert_ignore(self.dialect, run_resources), unique_inserts)
+        # A placeholder's ref is its step's own key, so only that step's earlier attempt can
+        # hold it: nothing to look up. A lease's target may be held by anyone.
+        holders = await live_holders(conn, [t for t in wanted if t[1] == OVERRIDE_KIND])
+        refused: dict[int, str] = {}
+        dirty: set[int] = {c.step.run_id for t, cs in wanted.items() if t[1] == STEP_KIND for c in cs}
+        for target, c in ((t, c) for t, cs in wanted.items() if t[1] == OVERRIDE_KIND for c in cs):
+            holder = holders.get(target)
+            if holder is None:  # pragma: no cover - the insert above guarantees a live row
+                continue
+            if holder.run_id != c.step.run_id:
+                c.refused = f"{target[2]} is already held by run {holder.run_id}"
+                refused[c.step.id] = c.refused
+            else:
+                # This step's own earlier attempt, or an earlier borrow of the same target
+                # by the same run: either way, the row that is there is the one to use.
+                c.reserved_id = holder.id
+                dirty.add(c.step.run_id)
+        await mark_dirty(conn, dirty)
+        if refused:
+            fatal: dict[int, str] = {}
+            for c in claimed:
+                if c.step.id in refused:
+                    await conn.execute(
+                        update(steps)
+                        .where(steps.c.id == c.step.id)
+                        .values(
+                            status=StepStatus.FAILED.value,
+                            ended_at=now,
+                            claimed_by=None,
+                            claim_expires=None,
+                            error=refused[c.step.id],
+                            attempt_log=[
+                                *(c.step.attempt_log or []),
+                                {
+                                    "attempt": c.step.attempts,
+                                    "at": now.isoformat(),
+                                    "ended": now.isoformat(),
+                                    "result": "failed",
+                                    "error": refused[c.step.id],
+                                },
+                            ],
+                        )
+                    )
+                    if c.step.on_error == "fail":
+                        fatal.setdefault(c.step.run_id, f"step {c.step.name}: {refused[c.step.id]}")
+            if fatal:
+                await fail_runs(conn, fatal, now)
+
+    async def record_outcomes(self, outcomes: list[Outcome]) -> None:
+        """Record a batch of answers in one transaction.
+
+        Resources go in through the live-target key: a target this run already holds is
+        "already recorded"; one another run holds becomes a rejection naming that run.
+        Then placeholders resolve, leases confirm, steps end or wait for their retry.
+        """
+        if not outcomes:
+            return
+
+        async def work(conn: AsyncConnection) -> None:
+            await record_resources(conn, self.dialect, outcomes)
+            resolved = [o.step.idempotency_key for o in outcomes if o.resolve_placeholder]
+            for chunk in chunks(resolved):
+                await conn.execute(
+                    update(run_resources)
+                    .where(
+                        run_resources.c.kind == STEP_KIND,
+                        run_resources.c.ref.in_(list(chunk)),
+                        run_resources.c.state == ResourceState.PENDING.value,
+                    )
+                    .values(state=ResourceState.RESOLVED.value, updated_at=outcomes[0].at)
+                )
+            for o in outcomes:
+                if o.confirm_lease and o.step.lease_ref:
+                    await conn.execute(
+                        update(run_resources)
+                        .where(
+                            run_resources.c.owner == "core",
+                            run_resources.c.kind == OVERRIDE_KIND,
+                            run_resources.c.ref == o.step.lease_ref,
+                            run_resources.c.run_id == o.step.run_id,
+                            run_resources.c.state.in_(LIVE_STATES),
+                        )
+                        .values(state=ResourceState.LIVE.value, until=o.lease_until, updated_at=o.at)
+                    )
+            await self._end_steps(conn, outcomes)
+            fatal = {
+                o.step.run_id: f"step {o.step.name}: {o.error}"
+                for o in outcomes
+                if o.status is StepStatus.FAILED and o.step.on_error == "fail"
+            }
+            if fatal:
+                await fail_runs(conn, fatal, outcomes[0].at)
+
+        await self._write("record_outcomes", work)
+
+    async def _end_steps(self, conn: AsyncConnection, outcomes: list[Outcome]) -> None:
+        params = []
+        for o in outcomes:
+            entry: dict[str, Any] = {
+                "attempt": o.step.attempts,
+                "at": (o.started or o.at).isoformat(),
+                "ended": o.at.isoformat(),
+                "result": "succeeded"
+                if o.status is StepStatus.SUCCEEDED
+                else "retry"
+                if o.status is StepStatus.READY
+                else "failed",
+            }
+            if o.error:
+                entry["error"] = o.error
+            params.append(
+                {
+                    "b_id": o.step.id,
+                    "b_claimed_by": o.step.claimed_by,
+                    "b_attempt": o.step.attempts,
+                    "b_status": o.status.value,
+                    "b_output": o.output,
+                    "b_error": o.error,
+                    "b_rejections": o.rejections or None,
+                    "b_not_before": o.not_before or o.step.not_before,
+                    "b_ended_at": o.at if o.status is not StepStatus.READY else None,
+                    "b_log": [*(o.step.attempt_log or []), entry],
+                }
+            )
+        statement = (
+            update(steps)
+            .where(
+                steps.c.id == bindparam("b_id"),
+                steps.c.status == StepStatus.RUNNING.value,
+                # Only the claim that dispatched this attempt may end it: a worker whose
+                # claim expired and was taken over answers too late to count.
+                steps.c.claimed_by == bindparam("b_claimed_by"),
+                steps.c.attempts == bindparam("b_attempt"),
+            )
+            .values(
+                status=bindparam("b_status"),
+                output=bindparam("b_output"),
+                error=bindparam("b_error"),
+                rejections=bindparam("b_rejections"),
+                not_before=bindparam("b_not_before"),
+                ended_at=bindparam("b_ended_at"),
+                attempt_log=bindparam("b_log"),
+                claimed_by=None,
+                claim_expires=None,
+            )
+        )
+        await conn.execute(statement, params)
+
+    async def requeue_expired_claims(self, now: datetime) -> int:
+        """Steps whose worker vanished go back to `ready` under the same key.
+
+        The attempt that was lost counts; a step with no attempts left fails, because a
+        worker that keeps dying on it is a failure too, and cleanup must get its turn.
+        A claim is expired *at* its expiry, the moment `next_claim_expiry` names: a worker
+        woken then must find the step, or a fake clock would stand still there for ever.
+        """
+
+        async def work(conn: AsyncConnection) -> int:
+            query = select(
+                steps.c.id, steps.c.run_id, steps.c.on_error, steps.c.name, steps.c.attempts, steps.c.max_attempts
+            ).where(steps.c.status == StepStatus.RUNNING.value, steps.c.claim_expires <= now)
+            query = dialects.skip_locked(self.dialect, query)
+            expired = (await conn.execute(query)).all()
+            if not expired:
+                return 0
+            exhausted = [r for r in expired if r.attempts >= r.max_attempts]
+            retry = [r.id for r in expired if r.attempts < r.max_attempts]
+            lost = "the worker running its last attempt was lost"
+            if exhausted:
+                await conn.execute(
+                    update(steps)
+                    .where(steps.c.id.in_([r.id for r in exhausted]))
+                    .values(
+                        status=StepStatus.FAILED.value, ended_at=now, claimed_by=None, claim_expires=None, error=lost
+                    )
+                )
+            for chunk in chunks(retry):
+                await conn.execute(
+                    update(steps)
+                    .where(steps.c.id.in_(list(chunk)))
+                    .values(
+                        status=StepStatus.READY.value,
+                        claimed_by=None,
+                        claim_expires=None,
+                        not_before=now,
+                        error="the worker running this step was lost; retried under the same key",
+                    )
+                )
+            fatal = {r.run_id: f"step {r.name}: {lost}" for r in exhausted if r.on_error == "fail"}
+            if fatal:
+                await fail_runs(conn, fatal, now)
+            return len(expired)
+
+        result: int = await self._write("requeue_expired_claims", work)
+        return result
+
+    async def next_step_due(self) -> datetime | None:
+        query = select(func.min(steps.c.not_before)).where(steps.c.status == StepStatus.READY.value)
+
+        async def work(conn: AsyncConnection) -> datetime | None:
+            value = (await conn.execute(query)).scalar()
+            return aware(value)
+
+        result: datetime | None = await self._read(work)
+        return result
+
+    async def next_claim_expiry(self) -> datetime | None:
+        query = select(func.min(steps.c.claim_expires)).where(steps.c.status == StepStatus.RUNNING.value)
+
+        async def work(conn: AsyncConnection) -> datetime | None:
+            return aware((await conn.execute(query)).scalar())
+
+        result: datetime | None = await self._read(work)
+        return result
+
+    async def list_steps(self, run_id: int) -> list[StepRow]:
+        query = select(steps).where(steps.c.run_id == run_id).order_by(steps.c.phase, steps.c.seq)
+
+        async def work(conn: AsyncConnection) -> list[StepRow]:
+            return [from_row(StepRow, r) for r in await conn.execute(query)]
+
+        result: list[StepRow] = await self._read(work)
+        return result
+
+    async def steps_by_ids(self, step_ids: list[int]) -> list[StepRow]:
+        async def work(conn: AsyncConnection) -> list[StepRow]:
+            found: list[StepRow] = []
+            for chunk in chunks(step_ids):
+                found.extend(
+                    from_row(StepRow, r) for r in await conn.execute(select(steps).where(steps.c.id.in_(list(chunk))))
+                )
+            return found
+
+        result: list[StepRow] = await self._read(work)
+        return result

@@ -1,0 +1,263 @@
+"""The ledger: recording resources, and reading what a run holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import (
+    ColumnElement,
+    func,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from roadie.errors import InvalidState, NotFound
+from roadie.states import (
+    OVERRIDE_KIND,
+    STEP_KIND,
+    CleanupStatus,
+    ResourceState,
+    StepStatus,
+)
+from roadie.store import dialects
+from roadie.store.audit import record_audit
+from roadie.store.connector import Connector, chunks
+from roadie.store.records import NewResource, Outcome
+from roadie.store.rows import (
+    ResourceRow,
+    StepRow,
+    from_row,
+)
+from roadie.store.tables import (
+    LIVE_STATES,
+    run_resources,
+    runs,
+)
+
+
+class LedgerQueries(Connector):
+    async def get_resource(self, resource_id: int) -> ResourceRow:
+        async def work(conn: AsyncConnection) -> ResourceRow:
+            row = (await conn.execute(select(run_resources).where(run_resources.c.id == resource_id))).first()
+            if row is None:
+                raise NotFound(f"no resource {resource_id}")
+            return from_row(ResourceRow, row)
+
+        result: ResourceRow = await self._read(work)
+        return result
+
+    async def record_late_resources(self, step: StepRow, resources: list[NewResource], now: datetime) -> Outcome:
+        """Resources a step's effect made by itself, reported after the step answered."""
+        outcome = Outcome(step=step, status=StepStatus(step.status), at=now, resources=resources)
+
+        async def work(conn: AsyncConnection) -> None:
+            await record_resources(conn, self.dialect, [outcome])
+
+        await self._write("record_late_resources", work)
+        return outcome
+
+    async def list_resources(
+        self, run_id: int, *, live_only: bool = False, state: ResourceState | None = None
+    ) -> list[ResourceRow]:
+        query = select(run_resources).where(run_resources.c.run_id == run_id).order_by(run_resources.c.id)
+        if live_only:
+            query = query.where(run_resources.c.state.in_(LIVE_STATES))
+        if state is not None:
+            query = query.where(run_resources.c.state == state.value)
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def reverted_rows(self, run_id: int, *, after: int = 0, limit: int = 5000) -> list[ResourceRow]:
+        """A page of a run's reverted module resources (not placeholders, not leases), by id."""
+        query = (
+            select(run_resources)
+            .where(
+                run_resources.c.run_id == run_id,
+                run_resources.c.state == ResourceState.REVERTED.value,
+                run_resources.c.kind.not_in([STEP_KIND, OVERRIDE_KIND]),
+                run_resources.c.id > after,
+            )
+            .order_by(run_resources.c.id)
+            .limit(limit)
+        )
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def count_live_resources(self, run_id: int, *, member_key: str | None = None) -> int:
+        query = select(func.count()).where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES))
+        if member_key is not None:
+            query = query.where(run_resources.c.member_key == member_key)
+
+        async def work(conn: AsyncConnection) -> int:
+            return int((await conn.execute(query)).scalar() or 0)
+
+        result: int = await self._read(work)
+        return result
+
+    async def live_step_groups(
+        self, run_id: int, *, member_key: str | None, before: int | None, limit: int
+    ) -> list[tuple[int | None, int, int]]:
+        """(step id, newest row id, live rows) of the steps with live rows, newest first."""
+        newest = func.max(run_resources.c.id).label("newest")
+        query = (
+            select(run_resources.c.step_id, newest, func.count().label("rows"))
+            .where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES))
+            .group_by(run_resources.c.step_id)
+            .order_by(newest.desc())
+            .limit(limit)
+        )
+        if member_key is not None:
+            query = query.where(run_resources.c.member_key == member_key)
+        if before is not None:
+            query = query.having(func.max(run_resources.c.id) < before)
+
+        async def work(conn: AsyncConnection) -> list[tuple[int | None, int, int]]:
+            return [(r.step_id, int(r.newest), int(r.rows)) for r in await conn.execute(query)]
+
+        result: list[tuple[int | None, int, int]] = await self._read(work)
+        return result
+
+    async def live_rows_of_steps(
+        self, run_id: int, step_ids: list[int | None], *, member_key: str | None
+    ) -> list[ResourceRow]:
+        ids = [s for s in step_ids if s is not None]
+        condition: ColumnElement[bool] = run_resources.c.step_id.in_(ids)
+        if None in step_ids:
+            condition = or_(condition, run_resources.c.step_id.is_(None))
+        query = (
+            select(run_resources)
+            .where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES), condition)
+            .order_by(run_resources.c.id.desc())
+        )
+        if member_key is not None:
+            query = query.where(run_resources.c.member_key == member_key)
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+
+        result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def count_all_live_resources(self) -> int:
+        """Ledger rows that still hold their target, across every run."""
+        query = select(func.count()).where(run_resources.c.state.in_(LIVE_STATES))
+
+        async def work(conn: AsyncConnection) -> int:
+            return int((await conn.execute(query)).scalar() or 0)
+
+        result: int = await self._read(work)
+        return result
+
+    async def abandon_resource(self, resource_id: int, actor: str, reason: str, now: datetime) -> ResourceRow:
+        """An admin's `forget`: the row is kept as `abandoned`, its target freed, and audited."""
+
+        async def work(conn: AsyncConnection) -> ResourceRow:
+            row = (await conn.execute(select(run_resources).where(run_resources.c.id == resource_id))).first()
+            if row is None:
+                raise NotFound(f"no resource {resource_id}")
+            if row.state not in LIVE_STATES:
+                raise InvalidState(f"resource {resource_id} is {row.state}, not live")
+            await conn.execute(
+                update(run_resources)
+                .where(run_resources.c.id == resource_id)
+                .values(state=ResourceState.ABANDONED.value, updated_at=now, error=f"forgotten by {actor}: {reason}")
+            )
+            await record_audit(
+                conn,
+                now,
+                actor,
+                "resource.forget",
+                f"run:{row.run_id}",
+                {"resource": resource_id, "kind": row.kind, "ref": row.ref, "reason": reason},
+            )
+            return from_row(ResourceRow, row)
+
+        result: ResourceRow = await self._write("abandon_resource", work)
+        return result
+
+
+async def live_holders(
+    conn: AsyncConnection, targets: list[tuple[str, str, str]]
+) -> dict[tuple[str, str, str], ResourceRow]:
+    found: dict[tuple[str, str, str], ResourceRow] = {}
+    for chunk in chunks(targets, 100):
+        query = select(run_resources).where(
+            tuple_(run_resources.c.owner, run_resources.c.kind, run_resources.c.ref).in_(list(chunk)),
+            run_resources.c.state.in_(LIVE_STATES),
+        )
+        for r in await conn.execute(query):
+            found[(r.owner, r.kind, r.ref)] = from_row(ResourceRow, r)
+    return found
+
+
+async def mark_dirty(conn: AsyncConnection, run_ids: Iterable[int]) -> None:
+    """There is now something to clean up. Guarded: never walks a run back from
+    `complete` or `incomplete`; only a human's "clean up again" does that."""
+    ids = sorted(set(run_ids))
+    if ids:
+        await conn.execute(
+            update(runs)
+            .where(runs.c.id.in_(ids), runs.c.cleanup_status == CleanupStatus.NOT_REQUIRED.value)
+            .values(cleanup_status=CleanupStatus.PENDING.value)
+        )
+
+
+async def record_resources(conn: AsyncConnection, dialect: str, outcomes: list[Outcome]) -> None:
+    rows = []
+    for o in outcomes:
+        for r in o.resources:
+            rows.append(
+                {
+                    "run_id": o.step.run_id,
+                    "step_id": o.step.id,
+                    "owner": o.step.owner,
+                    "kind": r.kind,
+                    "ref": r.ref,
+                    "payload": r.payload,
+                    "until": r.until,
+                    "member_key": r.member_key,
+                    "state": ResourceState.LIVE.value,
+                    "created_at": o.at,
+                    "updated_at": o.at,
+                    "attempts": 0,
+                }
+            )
+    if not rows:
+        return
+    targets = [(r["owner"], r["kind"], r["ref"]) for r in rows]
+    statement = dialects.insert_ignore(dialect, run_resources)
+    if dialects.returning_update(dialect):
+        # The rows that went in are this batch's; only the targets refused by the key
+        # need a look at who holds them.
+        cols = run_resources.c
+        returned = await conn.execute(statement.returning(cols.owner, cols.kind, cols.ref, cols.run_id), rows)
+        inserted = {(r.owner, r.kind, r.ref): int(r.run_id) for r in returned}
+    else:
+        await conn.execute(statement, rows)
+        inserted = {}
+    holders = await live_holders(conn, [t for t in targets if t not in inserted])
+    dirty = set()
+    for o in outcomes:
+        for r in o.resources:
+            target = (o.step.owner, r.kind, r.ref)
+            holder_run = inserted.get(target)
+            if holder_run is None and target in holders:
+                holder_run = holders[target].run_id
+            if holder_run is not None and holder_run != o.step.run_id:
+                o.rejections.append(f"{r.kind} {r.ref!r} is already held by run {holder_run}")
+            elif holder_run is not None:
+                o.recorded += 1
+                dirty.add(o.step.run_id)
+    await mark_dirty(conn, dirty)

@@ -1,0 +1,329 @@
+"""Runs: creating them, reading them, moving them on, cancelling them."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Container
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    and_,
+    bindparam,
+    case,
+    func,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from roadie.errors import NotFound
+from roadie.states import (
+    CleanupStatus,
+    RunStatus,
+    StepStatus,
+)
+from roadie.store import dialects
+from roadie.store.audit import record_audit
+from roadie.store.connector import Connector, chunks
+from roadie.store.records import PhaseCounts, RunMove
+from roadie.store.rows import (
+    EventRow,
+    RunRow,
+    from_row,
+)
+from roadie.store.tables import (
+    runs,
+    steps,
+)
+
+
+class RunQueries(Connector):
+    async def create_run(
+        self,
+        *,
+        event: EventRow,
+        definition: dict[str, Any],
+        params: dict[str, Any],
+        cleanup_policy: str,
+        first_phase_due: datetime,
+        actor: str,
+        now: datetime,
+        schedule_key: str | None = None,
+    ) -> RunRow | None:
+        """Insert a run. With a `schedule_key` (one occurrence of a schedule) the database
+        keeps at most one run per key: when the key is taken, another worker made this
+        occurrence's run already, nothing is inserted, and the answer is None."""
+
+        nonce = secrets.token_hex(6)
+
+        async def work(conn: AsyncConnection) -> RunRow | None:
+            values = dict(
+                nonce=nonce,
+                event_id=event.event_id,
+                event_version=event.version,
+                title=event.title,
+                definition=definition,
+                params=params,
+                status=RunStatus.PENDING.value,
+                cleanup_policy=cleanup_policy,
+                cleanup_status=CleanupStatus.NOT_REQUIRED.value,
+                phase=0,
+                materialised_phase=-1,
+                phase_due_at=first_phase_due,
+                cancel_requested=False,
+                created_at=now,
+                created_by=actor,
+                cleanup_attempts=0,
+                schedule_key=schedule_key,
+            )
+            if schedule_key is None:
+                row = (await conn.execute(runs.insert().values(**values).returning(*runs.c))).one()
+            else:
+                # The key's unique constraint decides; the nonce says whether this insert
+                # is the one that won. (No savepoint and no RETURNING on a conflict: both
+                # behave differently on each database.)
+                await conn.execute(dialects.insert_ignore(self.dialect, runs).values(**values))
+                row = (await conn.execute(select(runs).where(runs.c.schedule_key == schedule_key))).one()
+                if row.nonce != nonce:  # this occurrence's run exists: another worker made it
+                    return None
+            detail: dict[str, Any] = {"event": event.event_id, "params": params}
+            if schedule_key is not None:
+                detail["schedule_key"] = schedule_key
+            await record_audit(conn, now, actor, "run.start", f"run:{row.id}", detail)
+            return from_row(RunRow, row)
+
+        result: RunRow | None = await self._write("create_run", work)
+        return result
+
+    async def get_run(self, run_id: int) -> RunRow:
+        async def work(conn: AsyncConnection) -> RunRow:
+            row = (await conn.execute(select(runs).where(runs.c.id == run_id))).first()
+            if row is None:
+                raise NotFound(f"no run {run_id}")
+            return from_row(RunRow, row)
+
+        result: RunRow = await self._read(work)
+        return result
+
+    async def list_runs(
+        self, *, status: str | None = None, event_id: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[RunRow]:
+        query = select(runs).order_by(runs.c.id.desc()).limit(limit).offset(offset)
+        if status:
+            query = query.where(runs.c.status == status)
+        if event_id:
+            query = query.where(runs.c.event_id == event_id)
+
+        async def work(conn: AsyncConnection) -> list[RunRow]:
+            return [from_row(RunRow, r) for r in await conn.execute(query)]
+
+        result: list[RunRow] = await self._read(work)
+        return result
+
+    async def request_cancel(self, run_id: int, actor: str, now: datetime) -> bool:
+        """Stop new dispatches of a run. In-flight steps answer; the run then ends cancelled."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            changed = await conn.execute(
+                update(runs)
+                .where(
+                    runs.c.id == run_id,
+                    runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]),
+                    runs.c.cancel_requested.is_(False),
+                )
+                .values(cancel_requested=True)
+            )
+            if changed.rowcount:
+                await skip_ready_steps(conn, [run_id], now, "run cancelled")
+                await record_audit(conn, now, actor, "run.cancel", f"run:{run_id}", None)
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("request_cancel", work)
+        return result
+
+    async def runs_in_flight(self, known: Container[int] = ()) -> list[PhaseCounts]:
+        """Every unfinished run with how many steps of its current phase are ready and running.
+
+        A run's definition is frozen when it is created, so a caller that has parsed it
+        already names the run in `known`: its `definition` is then not read again (it is
+        answered empty), which spares decoding every run's definition on every pass.
+        """
+        in_flight = runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value])
+
+        def count(status: StepStatus) -> Any:
+            return func.sum(case((steps.c.status == status.value, 1), else_=0))
+
+        counts = (
+            select(
+                steps.c.run_id,
+                count(StepStatus.READY).label("ready"),
+                count(StepStatus.RUNNING).label("running"),
+            )
+            .join(runs, and_(runs.c.id == steps.c.run_id, steps.c.phase == runs.c.phase))
+            .where(in_flight)
+            .group_by(steps.c.run_id)
+            .subquery()
+        )
+        query = (
+            select(
+                *(c for c in runs.c if c.name != "definition"),
+                func.coalesce(counts.c.ready, 0).label("ready"),
+                func.coalesce(counts.c.running, 0).label("running"),
+            )
+            .select_from(runs.outerjoin(counts, counts.c.run_id == runs.c.id))
+            .where(in_flight)
+            .order_by(runs.c.id)
+        )
+
+        async def work(conn: AsyncConnection) -> list[PhaseCounts]:
+            found = (await conn.execute(query)).all()
+            definitions: dict[int, Any] = {}
+            for chunk in chunks([r.id for r in found if r.id not in known]):
+                wanted = select(runs.c.id, runs.c.definition).where(runs.c.id.in_(list(chunk)))
+                definitions.update((r.id, r.definition) for r in await conn.execute(wanted))
+            return [
+                PhaseCounts(from_row(RunRow, r, definition=definitions.get(r.id, {})), int(r.ready), int(r.running))
+                for r in found
+            ]
+
+        result: list[PhaseCounts] = await self._read(work)
+        return result
+
+    async def advance_runs(self, moves: list[RunMove], now: datetime) -> None:
+        """Apply the engine's moves in one transaction.
+
+        Steps are inserted ignoring rows that exist, so materialising again after a crash
+        (or by a second worker at the same moment) repairs instead of duplicating.
+        """
+        rows = [
+            {
+                "run_id": m.run.id,
+                "phase": s.phase,
+                "seq": s.seq,
+                "name": s.name,
+                "action": s.action,
+                "owner": s.owner,
+                "reversible": s.reversible.value,
+                "lease_ref": s.lease_ref,
+                "params": s.params,
+                "idempotency_key": s.idempotency_key,
+                "status": StepStatus.READY.value,
+                "attempts": 0,
+                "max_attempts": s.max_attempts,
+                "retry": s.retry,
+                "timeout": s.timeout,
+                "on_error": s.on_error,
+                "not_before": now,
+                "created_at": now,
+            }
+            for m in moves
+            for s in m.steps
+        ]
+        updates = [
+            {
+                "b_id": m.run.id,
+                "b_old_phase": m.run.phase,
+                "b_old_materialised": m.run.materialised_phase,
+                "b_phase": m.run.phase if m.phase is None else m.phase,
+                "b_materialised": m.run.materialised_phase if m.materialised_phase is None else m.materialised_phase,
+                "b_due": m.phase_due_at or m.run.phase_due_at,
+                "b_ends": m.ends_at or m.run.ends_at,
+                "b_status": (
+                    m.finish.value
+                    if m.finish
+                    else RunStatus.RUNNING.value
+                    if m.steps or m.run.status == RunStatus.RUNNING.value
+                    else m.run.status
+                ),
+                "b_started": m.run.started_at or (now if m.steps else None),
+                "b_ended": now if m.finish else None,
+            }
+            for m in moves
+            if m.fail is None
+        ]
+
+        async def work(conn: AsyncConnection) -> None:
+            for chunk in chunks(rows, 40):
+                await conn.execute(dialects.insert_ignore(self.dialect, steps), list(chunk))
+            if updates:
+                await conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.id == bindparam("b_id"),
+                        runs.c.phase == bindparam("b_old_phase"),
+                        runs.c.materialised_phase == bindparam("b_old_materialised"),
+                        # (an IN list cannot be used with executemany)
+                        or_(runs.c.status == RunStatus.PENDING.value, runs.c.status == RunStatus.RUNNING.value),
+                    )
+                    .values(
+                        phase=bindparam("b_phase"),
+                        materialised_phase=bindparam("b_materialised"),
+                        phase_due_at=bindparam("b_due"),
+                        ends_at=bindparam("b_ends"),
+                        status=bindparam("b_status"),
+                        started_at=bindparam("b_started"),
+                        ended_at=bindparam("b_ended"),
+                    ),
+                    updates,
+                )
+            skip = [m.run.id for m in moves if m.skip_ready]
+            if skip:
+                await skip_ready_steps(conn, skip, now, "run stopped")
+            failing = {m.run.id: m.fail for m in moves if m.fail}
+            if failing:
+                await fail_runs(conn, failing, now)
+
+        await self._write("materialise_phase" if rows else "advance_runs", work)
+
+    async def runs_by_ids(self, run_ids: list[int]) -> list[RunRow]:
+        async def work(conn: AsyncConnection) -> list[RunRow]:
+            found = {r.id: from_row(RunRow, r) for r in await conn.execute(select(runs).where(runs.c.id.in_(run_ids)))}
+            missing = [i for i in run_ids if i not in found]
+            if missing:
+                raise NotFound(f"no run {missing[0]}")
+            return [found[i] for i in run_ids]
+
+        result: list[RunRow] = await self._read(work)
+        return result
+
+    async def count_runs(self, *, status: str | None = None, event_id: str | None = None) -> int:
+        """How many runs `list_runs` would page through with the same filters."""
+        query = select(func.count()).select_from(runs)
+        if status:
+            query = query.where(runs.c.status == status)
+        if event_id:
+            query = query.where(runs.c.event_id == event_id)
+
+        async def work(conn: AsyncConnection) -> int:
+            return int((await conn.execute(query)).scalar() or 0)
+
+        result: int = await self._read(work)
+        return result
+
+    async def count_runs_by_status(self) -> dict[str, int]:
+        """Runs per state, for the metrics gauge."""
+        query = select(runs.c.status, func.count()).group_by(runs.c.status)
+
+        async def work(conn: AsyncConnection) -> dict[str, int]:
+            return {str(status): int(n) for status, n in await conn.execute(query)}
+
+        result: dict[str, int] = await self._read(work)
+        return result
+
+
+async def fail_runs(conn: AsyncConnection, errors: dict[int, str], now: datetime) -> None:
+    for run_id, error in errors.items():
+        await conn.execute(
+            update(runs).where(runs.c.id == run_id, runs.c.error.is_(None)).values(error=error, cancel_requested=True)
+        )
+    await skip_ready_steps(conn, list(errors), now, "run failed")
+
+
+async def skip_ready_steps(conn: AsyncConnection, run_ids: list[int], now: datetime, why: str) -> None:
+    await conn.execute(
+        update(steps)
+        .where(steps.c.run_id.in_(run_ids), steps.c.status == StepStatus.READY.value)
+        .values(status=StepStatus.SKIPPED.value, ended_at=now, error=why)
+    )

@@ -1,0 +1,210 @@
+"""Workers: registration, heartbeats, and what each holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    case,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from roadie.states import (
+    StepStatus,
+    WorkerState,
+)
+from roadie.store.connector import Connector, aware, chunks
+from roadie.store.rows import (
+    WorkerRow,
+)
+from roadie.store.tables import (
+    runs,
+    steps,
+    workers,
+)
+
+
+class WorkerQueries(Connector):
+    async def register_worker(
+        self, worker_id: str, *, host: str, pid: int, concurrency: int, version: str, now: datetime
+    ) -> None:
+        """A worker says it has started. The same id registering again starts afresh."""
+        values: dict[str, Any] = {
+            "host": host[:200],
+            "pid": pid,
+            "started_at": now,
+            "heartbeat_at": now,
+            "stopped_at": None,
+            "concurrency": concurrency,
+            "version": version[:32],
+        }
+
+        async def work(conn: AsyncConnection) -> None:
+            known = (await conn.execute(select(workers.c.worker_id).where(workers.c.worker_id == worker_id))).first()
+            if known is None:
+                await conn.execute(workers.insert().values(worker_id=worker_id, **values))
+            else:
+                await conn.execute(update(workers).where(workers.c.worker_id == worker_id).values(**values))
+
+        await self._write("register_worker", work)
+
+    async def heartbeat_worker(
+        self,
+        worker_id: str,
+        now: datetime,
+        ttl: float,
+        *,
+        step_ids: Sequence[int] = (),
+        cleanup_run_ids: Sequence[int] = (),
+    ) -> set[int]:
+        """The worker's heartbeat: one transaction per interval, whatever it holds.
+
+        The worker is alive, and the steps it has in flight and the cleanups it is doing
+        are still its own: their claims now expire `ttl` from now. Only what the worker
+        names is extended, so a claim it made and then lost track of (the commit went
+        through, the answer did not) still expires and is taken over.
+
+        Answers which of `step_ids` it no longer holds: another worker took them over
+        after their claims expired, and their dispatches are to be abandoned, not recorded.
+        """
+        until = now + timedelta(seconds=ttl)
+        ids = sorted(set(step_ids))
+
+        async def work(conn: AsyncConnection) -> set[int]:
+            await conn.execute(
+                update(workers)
+                .where(workers.c.worker_id == worker_id, workers.c.stopped_at.is_(None))
+                .values(heartbeat_at=now)
+            )
+            held: set[int] = set()
+            for chunk in chunks(ids):
+                await conn.execute(
+                    update(steps)
+                    .where(
+                        steps.c.id.in_(list(chunk)),
+                        steps.c.claimed_by == worker_id,
+                        steps.c.status == StepStatus.RUNNING.value,
+                    )
+                    .values(claim_expires=until)
+                )
+                held.update(
+                    int(r.id)
+                    for r in await conn.execute(
+                        select(steps.c.id).where(
+                            steps.c.id.in_(list(chunk)),
+                            steps.c.claimed_by == worker_id,
+                            steps.c.status == StepStatus.RUNNING.value,
+                        )
+                    )
+                )
+            if cleanup_run_ids:
+                await conn.execute(
+                    update(runs)
+                    .where(runs.c.id.in_(sorted(set(cleanup_run_ids))), runs.c.cleanup_claimed_by == worker_id)
+                    .values(cleanup_claim_expires=until)
+                )
+            return set(ids) - held
+
+        result: set[int] = await self._write("heartbeat_worker", work)
+        return result
+
+    async def deregister_worker(self, worker_id: str, now: datetime) -> tuple[int, int]:
+        """A worker stops cleanly: it is marked stopped, and gives back what it still holds.
+
+        By then its in-flight dispatches have answered (a graceful stop waits for them),
+        so a step still claimed in its name was never dispatched: it goes back to `ready`
+        without its attempt counting. Its cleanup claims are released for another worker.
+        Answers (steps released, cleanups released).
+        """
+
+        async def work(conn: AsyncConnection) -> tuple[int, int]:
+            await conn.execute(
+                update(workers).where(workers.c.worker_id == worker_id).values(stopped_at=now, heartbeat_at=now)
+            )
+            released = await conn.execute(
+                update(steps)
+                .where(steps.c.claimed_by == worker_id, steps.c.status == StepStatus.RUNNING.value)
+                .values(
+                    status=StepStatus.READY.value,
+                    claimed_by=None,
+                    claim_expires=None,
+                    not_before=now,
+                    attempts=case((steps.c.attempts > 0, steps.c.attempts - 1), else_=0),
+                )
+            )
+            cleanups = await conn.execute(
+                update(runs)
+                .where(runs.c.cleanup_claimed_by == worker_id)
+                .values(cleanup_claimed_by=None, cleanup_claim_expires=None)
+            )
+            return int(released.rowcount or 0), int(cleanups.rowcount or 0)
+
+        result: tuple[int, int] = await self._write("deregister_worker", work)
+        return result
+
+    async def list_workers(self, now: datetime, ttl: float, *, limit: int = 200) -> list[WorkerRow]:
+        """Workers, newest first, each alive, stopped or dead (no heartbeat for `ttl`), with
+        how many running steps and cleanups are claimed in its name."""
+        running = (
+            select(steps.c.claimed_by.label("worker"), func.count().label("n"))
+            .where(steps.c.status == StepStatus.RUNNING.value, steps.c.claimed_by.is_not(None))
+            .group_by(steps.c.claimed_by)
+            .subquery()
+        )
+        cleaning = (
+            select(runs.c.cleanup_claimed_by.label("worker"), func.count().label("n"))
+            .where(runs.c.cleanup_claimed_by.is_not(None))
+            .group_by(runs.c.cleanup_claimed_by)
+            .subquery()
+        )
+        query = (
+            select(
+                workers,
+                func.coalesce(running.c.n, 0).label("steps"),
+                func.coalesce(cleaning.c.n, 0).label("cleanups"),
+            )
+            .select_from(
+                workers.outerjoin(running, running.c.worker == workers.c.worker_id).outerjoin(
+                    cleaning, cleaning.c.worker == workers.c.worker_id
+                )
+            )
+            .order_by(workers.c.started_at.desc(), workers.c.worker_id)
+            .limit(limit)
+        )
+        fresh = now - timedelta(seconds=ttl)
+
+        async def work(conn: AsyncConnection) -> list[WorkerRow]:
+            found = []
+            for r in await conn.execute(query):
+                heartbeat = aware(r.heartbeat_at)
+                assert heartbeat is not None
+                if r.stopped_at is not None:
+                    state = WorkerState.STOPPED
+                elif heartbeat >= fresh:
+                    state = WorkerState.ALIVE
+                else:
+                    state = WorkerState.DEAD
+                found.append(
+                    WorkerRow(
+                        worker_id=r.worker_id,
+                        host=r.host,
+                        pid=int(r.pid),
+                        started_at=r.started_at,
+                        heartbeat_at=heartbeat,
+                        stopped_at=r.stopped_at,
+                        concurrency=int(r.concurrency),
+                        version=r.version,
+                        state=state.value,
+                        steps=int(r.steps),
+                        cleanups=int(r.cleanups),
+                    )
+                )
+            return found
+
+        result: list[WorkerRow] = await self._read(work)
+        return result
