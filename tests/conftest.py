@@ -117,6 +117,8 @@ class ProbeState:
     dial: float = 1.0  # the value behind the untargeted lease `probe.dial`
     observe_dial_read: Callable[[LeaseCall], Awaitable[None]] | None = None  # awaited inside each read
     observe_dial: Callable[[LeaseCall, Any], Awaitable[None]] | None = None  # awaited after each write
+    before_dial_write: Callable[[LeaseCall, Any], Awaitable[None]] | None = None  # awaited before each write
+    observe_revert: Callable[[RevertCall], Awaitable[None]] | None = None  # awaited inside each revert
 
     def calls_of(self, key: str) -> list[Dispatched]:
         return [c for c in self.calls if c.key == key]
@@ -165,6 +167,8 @@ def probe_module() -> Module:
     @make.revert
     async def unmake(call: RevertCall) -> None:
         state: ProbeState = call.state
+        if state.observe_revert is not None:
+            await state.observe_revert(call)
         state.reverts.append(call)
         if state.broken_reverts:
             raise RuntimeError("probe: this module is gone")
@@ -182,6 +186,8 @@ def probe_module() -> Module:
     @read_dial.write
     async def write_dial(call: LeaseCall, value: Any) -> None:
         state: ProbeState = call.state
+        if state.before_dial_write is not None:
+            await state.before_dial_write(call, value)
         state.dial = float(value)
         if state.observe_dial is not None:
             await state.observe_dial(call, value)

@@ -78,6 +78,11 @@ class InvalidState(RoadieError):
     """The object is not in a state that allows this operation."""
 
 
+class ClaimLost(InvalidState):
+    """The claim this work was done under is no longer held (it expired and was taken over,
+    or was released): the work stopped, and wrote nothing under the lost claim."""
+
+
 class StepError(RoadieError):
     """A step failed. Whether it is retried is said by the error itself."""
 

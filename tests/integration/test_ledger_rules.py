@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from tests.conftest import Harness
 
+from roadie.errors import InvalidState
 from roadie.registry import Answer, Call
 from roadie.store import NewResource, tables
 
@@ -196,12 +197,14 @@ MALFORMED = [
         id="bad-until",
     ),
     pytest.param(
-        {"kind": "override", "ref": "probe.nothing"}, "reported a lease 'probe.nothing' no module registers", id="lease"
+        {"kind": "override", "ref": "probe.nothing"}, "reported a resource of the reserved kind 'override'", id="lease"
     ),
     pytest.param(
-        {"kind": "override", "ref": "sandbox.weather"},
-        "reported a lease 'sandbox.weather' no module registers",
-        id="targeted-lease-without-target",
+        # Even naming a registered lease: override rows are core's alone (it saves the
+        # value to give back), so a module's would be a second live row for the target.
+        {"kind": "override", "ref": "sandbox.weather#britain"},
+        "reported a resource of the reserved kind 'override'",
+        id="registered-lease",
     ),
 ]
 
@@ -224,20 +227,18 @@ def test_a_malformed_resource_is_refused_with_its_reason(harness: Harness, bad: 
 
 
 def test_resources_at_the_limits_are_recorded_whole(harness: Harness) -> None:
-    """Rule 4's bounds are inclusive: a kind of 64, a ref and a memberKey of 190, a
-    parseable `until` and an override naming a registered `lease#target` all go in."""
+    """Rule 4's bounds are inclusive: a kind of 64, a ref and a memberKey of 190 and a
+    parseable `until` all go in."""
     edge = {"kind": "k" * 64, "ref": "r" * 190, "memberKey": "m" * 190, "until": "2026-01-02T00:00:00Z"}
-    lease = {"kind": "override", "ref": "sandbox.weather#britain"}
 
     async def body() -> None:
-        run = await harness.start(one_step({"answer": [edge, lease]}, cleanup="manual"))
+        run = await harness.start(one_step({"answer": [edge]}, cleanup="manual"))
         await harness.settle(run)
         step = await harness.step(run, "make")
         assert step.rejections is None
         rows = {r.kind: r for r in await harness.resources(run)}
         assert (rows["k" * 64].ref, rows["k" * 64].member_key) == ("r" * 190, "m" * 190)
         assert rows["k" * 64].until is not None
-        assert rows["override"].ref == "sandbox.weather#britain"
 
     harness.run(body)
 
@@ -306,21 +307,22 @@ def test_what_the_database_cannot_store_is_a_rejection_not_a_crash(harness: Harn
 
 def test_a_late_resource_never_walks_a_clean_run_back_to_pending(harness: Harness) -> None:
     """Rule 6 / §2: the move to dirty happens only from `not_required`. A resource
-    reported after the run's cleanup completed is recorded, and the run stays
-    `complete` until a human cleans up again."""
+    reported after the run's cleanup completed is refused (the module reverts it itself),
+    so the run stays `complete` with nothing live behind the verdict; a human's "clean up
+    again" still finds nothing to do."""
 
     async def body() -> None:
         run = await harness.start(one_step({"answer": [THING]}))
         [run] = await harness.settle(run)
         assert run.cleanup_status == "complete"
         step = await harness.step(run, "make")
-        await harness.store.record_late_resources(step, [NewResource("thing", "summoned")], harness.clock.now())
+        with pytest.raises(InvalidState, match="revert these yourself"):
+            await harness.store.record_late_resources(step, [NewResource("thing", "summoned")], harness.clock.now())
         run = await harness.get_run(run)
         assert run.cleanup_status == "complete"
-        [late] = [r for r in await harness.resources(run, "thing") if r.ref == "summoned"]
-        assert late.state == "live"
+        assert [r for r in await harness.resources(run, "thing") if r.ref == "summoned"] == []
         report = await harness.engine.clean_up(run.id, actor="ops", again=True)
-        assert (report.status, report.reverted) == ("complete", 1)
+        assert (report.status, report.reverted) == ("complete", 0)
 
     harness.run(body)
 

@@ -8,8 +8,10 @@ a hundred thousand resources is cleaned up in bounded memory.
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,11 +19,11 @@ import structlog
 
 from roadie.clock import Clock
 from roadie.engine import leases
-from roadie.errors import InvalidState, RoadieError, UnknownAction
+from roadie.errors import ClaimLost, InvalidState, RoadieError, UnknownAction
 from roadie.registry import InspectCall, Inspected, Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
-from roadie.states import OVERRIDE_KIND, STEP_KIND, CleanupStatus, ResourceState, RunStatus
-from roadie.store import Store
+from roadie.states import OVERRIDE_KIND, STEP_KIND, ResourceState, RunStatus
+from roadie.store import CleanupClaim, Store, mint_token
 from roadie.store.rows import ResourceRow, StepRow
 
 log = structlog.get_logger(__name__)
@@ -52,6 +54,7 @@ class CleanupReport:
     reverted: int = 0
     restored: int = 0
     failed: int = 0
+    held: int = 0  # lease rows another restorer (the expiry sweeper) was giving back
     errors: list[dict[str, Any]] = field(default_factory=list)
     forgotten: list[dict[str, Any]] = field(default_factory=list)
 
@@ -87,12 +90,30 @@ def _inspected(answer: Any) -> tuple[bool, bool]:
 
 
 class Cleanup:
-    def __init__(self, store: Store, registry: Registry, clock: Clock, worker: str, claim_ttl: float = 300.0) -> None:
+    """One worker's cleanups. Each takes the run's cleanup claim under a token of its own
+    (minted from `incarnation`), names it in every write, and stops at the first write the
+    database refuses for a lost claim (`ClaimLost`). Every call to a module has a deadline
+    (`call_timeout`, on the clock) well inside the claim's lifetime, so a module that never
+    answers costs one failed call, not the cleanup."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        clock: Clock,
+        worker: str,
+        claim_ttl: float = 300.0,
+        *,
+        incarnation: str | None = None,
+        call_timeout: float | None = None,
+    ) -> None:
         self.store = store
         self.registry = registry
         self.clock = clock
         self.worker = worker
         self.claim_ttl = claim_ttl
+        self.incarnation = incarnation or secrets.token_hex(6)
+        self.call_timeout = call_timeout if call_timeout is not None else claim_ttl / 3
 
     async def _pages(
         self, run_id: int, member_key: str | None
@@ -192,31 +213,28 @@ class Cleanup:
         run = await self.store.get_run(run_id)
         if member_key is None and not RunStatus(run.status).terminal:
             raise InvalidState(f"run {run_id} is {run.status}; cancel it first, or clean up one member with --member")
-        scoped = member_key is not None
+        claim = CleanupClaim(run_id, mint_token(self.incarnation), self.claim_ttl)
         if not await self.store.claim_cleanup(
-            run_id, self.worker, self.clock.now(), self.claim_ttl, again=again, scoped=scoped
+            claim, self.worker, self.clock.now(), again=again, scoped=member_key is not None
         ):
-            raise InvalidState(f"run {run_id}'s cleanup is held by another worker, or not pending")
+            raise InvalidState(f"run {run_id}'s cleanup is under way elsewhere, or not pending")
         report = CleanupReport(run_id=run_id, status="", member_key=member_key)
         async for steps, groups in self._pages(run_id, member_key):
             for step_id, rows in groups:
                 step = steps.get(step_id) if step_id else None
                 for call in self._calls_for(step, rows):
-                    await self._carry_out(run_id, step, call, rows, report)
-            await self.store.extend_cleanup_claim(run_id, self.worker, self.clock.now(), self.claim_ttl)
-        # Counted and filtered by the database: a run of a hundred thousand rows is not
-        # read back whole to say how its cleanup ended.
-        remaining = await self.store.count_live_resources(run_id, member_key=member_key)
+                    await self._carry_out(claim, step, call, rows, report)
+            await self.store.extend_cleanup_claim(claim, self.clock.now())
         report.forgotten = [
             {"resource": r.id, "kind": r.kind, "ref": r.ref, "why": r.error}
             for r in await self.store.list_resources(run_id, state=ResourceState.ABANDONED)
         ]
-        status = CleanupStatus.COMPLETE if not remaining else CleanupStatus.INCOMPLETE
-        report.status = status.value
-        # Cleaning up one member leaves the run's own cleanup status as it was.
-        await self.store.finish_cleanup(
-            run_id, self.worker, None if scoped else status, report.as_dict(), actor, self.clock.now()
+        # Judged by the database in the transaction that releases the claim, counting what
+        # is still live there: a run of a hundred thousand rows is not read back whole.
+        status = await self.store.finish_cleanup(
+            claim, report.as_dict(), actor, self.clock.now(), member_key=member_key
         )
+        report.status = status.value
         log.info(
             "cleanup finished",
             run_id=run_id,
@@ -228,21 +246,36 @@ class Cleanup:
         return report
 
     async def _carry_out(
-        self, run_id: int, step: StepRow | None, call: PlannedCall, rows: list[ResourceRow], report: CleanupReport
+        self,
+        claim: CleanupClaim,
+        step: StepRow | None,
+        call: PlannedCall,
+        rows: list[ResourceRow],
+        report: CleanupReport,
     ) -> None:
         report.calls += 1
         now = self.clock.now
+        run_id = claim.run_id
         try:
             if call.kind == "restore":
+                if not await self.store.claim_lease_row(claim, call.row_ids[0], now()):
+                    report.held += 1  # the expiry sweeper is giving it back: its to finish
+                    return
                 row = next(r for r in rows if r.id == call.row_ids[0])
-                await leases.restore(self.registry, self.clock, row)
-                await self.store.mark_reverted(call.row_ids, now())
+                async with self._deadline():
+                    await leases.restore(self.registry, self.clock, row)
+                await self.store.mark_reverted(claim, call.row_ids, now())
                 report.restored += 1
                 return
-            failures = await self._revert(run_id, step, call)
+            async with self._deadline():
+                failures = await self._revert(run_id, step, call)
+        except ClaimLost:
+            raise
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RoadieError) else exc.message
-            await self.store.mark_revert_failed({i: message for i in call.row_ids}, now())
+            if isinstance(exc, TimeoutError):
+                message = f"no answer within {self.call_timeout:g}s"
+            await self.store.mark_revert_failed(claim, {i: message for i in call.row_ids}, now())
             report.failed += len(call.row_ids)
             report.errors.extend({"resource": i, "step": call.step, "error": message} for i in call.row_ids)
             log.warning("revert failed", run_id=run_id, step=call.step, error=message)
@@ -250,11 +283,14 @@ class Cleanup:
         ids = set(call.row_ids)
         by_target = {(r.kind, r.ref): r.id for r in rows if r.id in ids}
         failed_ids = {by_target[(f.kind, f.ref)]: f.message for f in failures if (f.kind, f.ref) in by_target}
-        await self.store.mark_reverted([i for i in call.row_ids if i not in failed_ids], now())
-        await self.store.mark_revert_failed(failed_ids, now())
+        await self.store.mark_reverted(claim, [i for i in call.row_ids if i not in failed_ids], now())
+        await self.store.mark_revert_failed(claim, failed_ids, now())
         report.reverted += len(call.row_ids) - len(failed_ids)
         report.failed += len(failed_ids)
         report.errors.extend({"resource": i, "step": call.step, "error": m} for i, m in failed_ids.items())
+
+    def _deadline(self) -> AbstractAsyncContextManager[object]:
+        return self.clock.timeout(self.call_timeout)
 
     async def _revert(self, run_id: int, step: StepRow | None, call: PlannedCall) -> list[RevertFailure]:
         if step is None:

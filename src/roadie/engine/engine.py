@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import secrets
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -46,7 +47,7 @@ from roadie.errors import (
 )
 from roadie.registry import Call, Registry
 from roadie.states import CleanupPolicy, CleanupStatus, Reversible, RunStatus, StepStatus
-from roadie.store import Claimed, NewStep, Outcome, RunMove, Store
+from roadie.store import Claimed, NewStep, Outcome, RunMove, Store, mint_token
 from roadie.store.rows import EventRow, RunRow, StepRow
 
 log = structlog.get_logger(__name__)
@@ -62,6 +63,7 @@ class EngineOptions:
     claim_ttl: float = 60.0  # a worker that stops heartbeating loses its claims after this
     poll_interval: float = 1.0
     seed: int | None = None
+    cleanups: int = 4  # automatic cleanups a worker runs at once, beside its drain
 
 
 class Engine:
@@ -81,13 +83,18 @@ class Engine:
         self.worker_id = worker_id or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
         self.options = options or EngineOptions()
         self.random = random.Random(self.options.seed)
-        self.cleanup = Cleanup(store, registry, self.clock, self.worker_id, self.options.claim_ttl * 5)
+        # This engine's claims are minted from its incarnation, not its worker id: two
+        # engines under one id (a web service beside its worker) are still two owners.
+        self.incarnation = secrets.token_hex(6)
+        self.cleanup = Cleanup(
+            store, registry, self.clock, self.worker_id, self.options.claim_ttl * 5, incarnation=self.incarnation
+        )
         self.observer: Observer = observer or (lambda kind, data: None)
         self._stopping = asyncio.Event()
         self._definitions: dict[int, FrozenDefinition] = {}
         # What the heartbeat keeps claimed: the steps in flight and the cleanups under way.
-        self._inflight_ids: dict[int, int] = {}  # step id -> the attempt in flight
-        self._cleaning: set[int] = set()
+        self._inflight_ids: dict[int, str] = {}  # step id -> the claim token of the attempt in flight
+        self._cleanups: dict[int, asyncio.Task[None]] = {}  # automatic cleanups under way, by run
         self._lost: set[int] = set()  # steps the heartbeat found taken over by another worker
         self._heart: asyncio.Task[None] | None = None  # run_forever's background heartbeat
 
@@ -288,7 +295,11 @@ class Engine:
                 if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
                     try:
                         claimed = await self.store.claim_steps(
-                            self.worker_id, self.clock.now(), free, self.options.claim_ttl
+                            self.worker_id,
+                            self.clock.now(),
+                            free,
+                            self.options.claim_ttl,
+                            token=mint_token(self.incarnation),
                         )
                     except StoreError as exc:
                         if not inflight and not unrecorded:
@@ -306,7 +317,8 @@ class Engine:
                             may_have_moved = True
                             continue
                         inflight[asyncio.create_task(self._dispatch(c))] = c
-                        self._inflight_ids[c.step.id] = c.step.attempts
+                        assert c.step.claim_token is not None
+                        self._inflight_ids[c.step.id] = c.step.claim_token
                         worked = True
                     if len(claimed) < free and may_have_moved:
                         # The queue ran dry: the steps that ended may have finished a phase.
@@ -359,6 +371,9 @@ class Engine:
                         continue
                     unrecorded, failures = [], 0
                     for o in outcomes:
+                        if o.stale:
+                            log.warning("claim lost; answer not recorded", run_id=o.step.run_id, step_id=o.step.id)
+                            continue
                         self._tell_outcome(o)
                     if any(o.status is not StepStatus.READY for o in outcomes):
                         may_have_moved = True
@@ -383,14 +398,10 @@ class Engine:
         """Say this worker is alive and extend the claims of what it holds, in one write."""
         held = dict(self._inflight_ids)
         lost = await self.store.heartbeat_worker(
-            self.worker_id,
-            self.clock.now(),
-            self.options.claim_ttl,
-            step_ids=sorted(held),
-            cleanup_run_ids=sorted(self._cleaning),
+            self.worker_id, self.clock.now(), self.options.claim_ttl, steps_held=held
         )
         # Only the attempt the beat asked about: one that ended meanwhile, and was claimed
-        # again by this worker, is a new claim the beat did not see.
+        # again by this worker, is a new claim (a new token) the beat did not see.
         self._lost |= {i for i in lost if self._inflight_ids.get(i) == held[i]}
 
     async def _beat_forever(self) -> None:
@@ -500,25 +511,38 @@ class Engine:
         await self._drain()
         if self._stopping.is_set():  # a stopping worker finishes what it holds, starts nothing
             return None
-        await leases.sweep_expired(self.store, self.registry, self.clock, self.options.claim_ttl)
+        await leases.sweep_expired(
+            self.store, self.registry, self.clock, self.options.claim_ttl, incarnation=self.incarnation
+        )
         for run_id in await self.store.runs_due_cleanup(self.clock.now()):
-            if self._stopping.is_set():
+            if self._stopping.is_set() or len(self._cleanups) >= self.options.cleanups:
                 break
-            try:
-                await self.clean_up(run_id, actor="system")
-            except InvalidState as exc:  # another worker took it first: theirs to finish
-                log.info("cleanup skipped", run_id=run_id, reason=exc.message)
+            if run_id not in self._cleanups:
+                self._cleanups[run_id] = asyncio.create_task(self._auto_cleanup(run_id))
         return await self._next_due()
+
+    async def _auto_cleanup(self, run_id: int) -> None:
+        """A cleanup the worker started by itself, as a task beside the drain: a module that
+        is slow to revert holds up that cleanup, never the worker's steps."""
+        try:
+            await self.clean_up(run_id, actor="system")
+        except InvalidState as exc:  # another owner took it first, or took it over: theirs
+            log.info("cleanup skipped", run_id=run_id, reason=exc.message)
+        except StoreError as exc:  # the database went away: the claim expires, and it is due again
+            log.warning("cleanup failed", run_id=run_id, error=exc.message)
+        finally:
+            self._cleanups.pop(run_id, None)
+
+    async def cleanups_done(self) -> None:
+        """Wait for the automatic cleanups under way to end."""
+        while self._cleanups:
+            await asyncio.wait(list(self._cleanups.values()))
 
     async def clean_up(
         self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
     ) -> CleanupReport:
         self._tell("cleanup", {"run_id": run_id, "status": "started"})
-        self._cleaning.add(run_id)
-        try:
-            report = await self.cleanup.run(run_id, actor=actor, member_key=member_key, again=again)
-        finally:
-            self._cleaning.discard(run_id)
+        report = await self.cleanup.run(run_id, actor=actor, member_key=member_key, again=again)
         self._tell("cleanup", {"run_id": run_id, "status": report.status, "report": report.as_dict()})
         return report
 
@@ -551,10 +575,13 @@ class Engine:
         log.info("worker started", worker=self.worker_id)
         try:
             await self._work_forever()
+            await self.cleanups_done()
         finally:
+            for task in self._cleanups.values():
+                task.cancel()
             self._heart.cancel()
             self._heart = None
-            released = await self.store.deregister_worker(self.worker_id, self.clock.now())
+            released = await self.store.deregister_worker(self.worker_id, self.incarnation, self.clock.now())
             log.info("worker stopped", worker=self.worker_id, released_steps=released[0], released_cleanups=released[1])
 
     async def _work_forever(self) -> None:
@@ -588,6 +615,7 @@ class Engine:
         ids = list(run_ids)
         for _ in range(max_ticks):
             due = await self.tick()
+            await self.cleanups_done()
             current = await self.store.runs_by_ids(ids)
             if all(_settled(r) for r in current):
                 return current

@@ -15,11 +15,11 @@ from typing import Any
 import structlog
 
 from roadie.clock import Clock
-from roadie.errors import PermanentError
+from roadie.errors import ClaimLost, PermanentError
 from roadie.registry import LeaseCall, Registry
 from roadie.registry.module import Lease, maybe_await
 from roadie.states import StepStatus
-from roadie.store import Outcome, Store
+from roadie.store import Outcome, Store, mint_token
 from roadie.store.rows import ResourceRow, StepRow
 
 log = structlog.get_logger(__name__)
@@ -102,22 +102,34 @@ async def restore(registry: Registry, clock: Clock, row: ResourceRow) -> None:
     await maybe_await(give_back(call, row.payload["saved"]))
 
 
-async def sweep_expired(store: Store, registry: Registry, clock: Clock, claim_ttl: float = 60.0) -> int:
+async def sweep_expired(
+    store: Store, registry: Registry, clock: Clock, claim_ttl: float = 60.0, *, incarnation: str = "sweeper"
+) -> int:
     """Restore every lease past its `until`, even while its run goes on.
 
-    Every worker sweeps; each row is claimed first, so one of them restores it.
+    Every worker sweeps; each row is claimed first under a token of its own, so one of
+    them restores it, and its run's cleanup leaves it alone meanwhile. The restore has a
+    deadline of a third of the claim, so the claim outlives the call: a restore that
+    lands late cannot land after the row was freed and its target borrowed again.
     """
     restored = 0
     for row in await store.expired_leases(clock.now()):
-        if not await store.claim_expired_lease(row.id, clock.now(), claim_ttl):
+        token = mint_token(incarnation)
+        if not await store.claim_expired_lease(row.id, token, clock.now(), claim_ttl):
             continue  # another worker is restoring it, or the run's cleanup will
         try:
-            await restore(registry, clock, row)
+            async with clock.timeout(claim_ttl / 3):
+                await restore(registry, clock, row)
         except Exception as exc:  # the sweeper must not stop on one bad lease
-            log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=str(exc))
-            await store.mark_revert_failed({row.id: f"expiry restore failed: {exc}"}, clock.now())
+            error = f"no answer within {claim_ttl / 3:g}s" if isinstance(exc, TimeoutError) else str(exc)
+            log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=error)
+            await store.release_lease_row(row.id, token, f"expiry restore failed: {error}", clock.now())
             continue
-        await store.mark_reverted([row.id], clock.now())
+        try:
+            await store.mark_lease_restored(row.id, token, clock.now())
+        except ClaimLost as exc:
+            log.warning("lease restore not recorded", run_id=row.run_id, ref=row.ref, error=exc.message)
+            continue
         log.info("lease expired and restored", run_id=row.run_id, ref=row.ref)
         restored += 1
     return restored

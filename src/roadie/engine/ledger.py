@@ -46,9 +46,10 @@ def normalise(entry: Any, action_id: str, registry: Registry) -> NewResource | s
     ref = "" if raw_ref is None else str(raw_ref)
     if not kind or len(kind) > MAX_KIND:
         return f"{action_id} reported a resource with a bad kind {raw_kind!r:.80}"
-    if kind == STEP_KIND:
-        # Core's own: a module that could write one could make its step's placeholder
-        # look resolved.
+    if kind in (STEP_KIND, OVERRIDE_KIND):
+        # Core's own. A module that could write a placeholder could make its step's look
+        # resolved; one that could write an override would hold a lease target under its
+        # own name, beside core's row for it, with no saved value to give back.
         return f"{action_id} reported a resource of the reserved kind {kind!r}"
     if not ref or len(ref) > MAX_REF:
         return f"{action_id} reported a resource with a bad ref {raw_ref!r:.80}"
@@ -62,10 +63,6 @@ def normalise(entry: Any, action_id: str, registry: Registry) -> NewResource | s
         until = _parse_until(entry["until"])
         if until is None:
             return f"{action_id} reported a resource with a bad until {entry['until']!r:.80}"
-    if kind == OVERRIDE_KIND and registry.lease_for_ref(ref) is None:
-        # Core restores an override through the lease registry; a ref naming no lease is
-        # a promise to undo something core has no way to undo.
-        return f"{action_id} reported a lease {ref!r} no module registers"
     payload = entry.get("payload")
     if not storable(payload):
         return f"{action_id} reported a resource whose payload is not JSON: {payload!r:.80}"

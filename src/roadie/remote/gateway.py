@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from roadie.engine.ledger import normalise
+from roadie.errors import InvalidState
 from roadie.registry import Registry
 from roadie.remote import protocol
 from roadie.remote.queue import WorkQueue
@@ -150,7 +151,10 @@ class Gateway:
                 rows.append(row)
         recorded = 0
         if rows:
-            outcome = await self.store.record_late_resources(step, rows, self.queue.now())
+            try:
+                outcome = await self.store.record_late_resources(step, rows, self.queue.now())
+            except InvalidState as exc:  # the cleanup began after the look above
+                raise _Refused(409, exc.message, "idempotency_key") from exc
             rejected.extend(outcome.rejections)
             recorded = len(rows) - len(outcome.rejections)
         for reason in rejected:

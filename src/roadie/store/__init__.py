@@ -1,5 +1,16 @@
 """Storage: the schema, its migrations, and every query the engine makes."""
 
+from roadie.store.records import CleanupClaim, mint_token
 from roadie.store.store import Claimed, NewResource, NewStep, Outcome, PhaseCounts, RunMove, Store
 
-__all__ = ["Claimed", "NewResource", "NewStep", "Outcome", "PhaseCounts", "RunMove", "Store"]
+__all__ = [
+    "Claimed",
+    "CleanupClaim",
+    "NewResource",
+    "NewStep",
+    "Outcome",
+    "PhaseCounts",
+    "RunMove",
+    "Store",
+    "mint_token",
+]

@@ -7,12 +7,14 @@ from typing import Any
 
 from sqlalchemy import (
     bindparam,
+    func,
     or_,
     select,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from roadie.errors import ClaimLost
 from roadie.states import (
     CleanupStatus,
     ResourceState,
@@ -20,6 +22,7 @@ from roadie.states import (
 )
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
+from roadie.store.records import CleanupClaim
 from roadie.store.tables import (
     LIVE_STATES,
     run_resources,
@@ -41,62 +44,84 @@ class CleanupQueries(Connector):
 
         await self._write("record_verification", work)
 
-    async def mark_reverted(self, ids: list[int], now: datetime) -> None:
-        """Reverted rows stay for history; leaving the live states frees their targets."""
+    async def mark_reverted(self, claim: CleanupClaim, ids: list[int], now: datetime) -> None:
+        """Reverted rows stay for history; leaving the live states frees their targets.
+
+        Claim: the run's cleanup (`claim`); a lease row must be free or held by the same
+        cleanup, never by the expiry sweeper. Raises `ClaimLost`, writing nothing, when the
+        cleanup's claim is gone.
+        """
         if not ids:
             return
 
         async def work(conn: AsyncConnection) -> None:
+            await fence_cleanup(conn, claim, now)
             for chunk in chunks(ids):
                 await conn.execute(
                     update(run_resources)
-                    .where(run_resources.c.id.in_(list(chunk)), run_resources.c.state.in_(LIVE_STATES))
+                    .where(
+                        run_resources.c.id.in_(list(chunk)),
+                        run_resources.c.run_id == claim.run_id,
+                        run_resources.c.state.in_(LIVE_STATES),
+                        or_(run_resources.c.claim_token.is_(None), run_resources.c.claim_token == claim.token),
+                    )
                     .values(
                         state=ResourceState.REVERTED.value,
                         reverted_at=now,
                         updated_at=now,
                         error=None,
                         attempts=run_resources.c.attempts + 1,
+                        claim_token=None,
+                        claim_expires=None,
                     )
                 )
 
         await self._write("mark_reverted", work)
 
-    async def mark_revert_failed(self, failures: dict[int, str], now: datetime) -> None:
+    async def mark_revert_failed(self, claim: CleanupClaim, failures: dict[int, str], now: datetime) -> None:
+        """Keep why a revert failed on its rows, which stay live. Claim: the run's cleanup."""
         if not failures:
             return
 
         async def work(conn: AsyncConnection) -> None:
+            await fence_cleanup(conn, claim, now)
             await conn.execute(
                 update(run_resources)
-                .where(run_resources.c.id == bindparam("b_id"))
-                .values(error=bindparam("b_error"), attempts=run_resources.c.attempts + 1, updated_at=now),
+                .where(run_resources.c.id == bindparam("b_id"), run_resources.c.run_id == claim.run_id)
+                .values(
+                    error=bindparam("b_error"),
+                    attempts=run_resources.c.attempts + 1,
+                    updated_at=now,
+                    claim_token=None,
+                    claim_expires=None,
+                ),
                 [{"b_id": i, "b_error": e[:2000]} for i, e in failures.items()],
             )
 
         await self._write("mark_revert_failed", work)
 
     async def claim_cleanup(
-        self, run_id: int, worker: str, now: datetime, ttl: float, *, again: bool, scoped: bool = False
+        self, claim: CleanupClaim, worker: str, now: datetime, *, again: bool, scoped: bool = False
     ) -> bool:
-        """Take a run's cleanup, so one worker does it. `again` is a human's retry: it may
-        move `complete`/`incomplete` back to `pending` (the only path that does). A
-        `scoped` cleanup (one member) leaves the status alone."""
+        """Take a run's cleanup under `claim.token`, so one owner does it. `again` is a
+        human's retry: it may move `complete`/`incomplete` back to `pending` (the only path
+        that does). A `scoped` cleanup (one member) leaves the status alone.
+
+        A claim that is held is refused whoever asks, its own worker too: a staff click
+        and the worker beside it in one process are two owners, not one.
+        """
 
         async def work(conn: AsyncConnection) -> bool:
             values: dict[str, Any] = {
                 "cleanup_claimed_by": worker,
-                "cleanup_claim_expires": now + timedelta(seconds=ttl),
+                "cleanup_token": claim.token,
+                "cleanup_claim_expires": now + timedelta(seconds=claim.ttl),
                 "cleanup_attempts": runs.c.cleanup_attempts + 1,
                 "cleanup_started_at": now,
             }
             condition = [
-                runs.c.id == run_id,
-                or_(
-                    runs.c.cleanup_claimed_by.is_(None),
-                    runs.c.cleanup_claim_expires < now,
-                    runs.c.cleanup_claimed_by == worker,
-                ),
+                runs.c.id == claim.run_id,
+                or_(runs.c.cleanup_token.is_(None), runs.c.cleanup_claim_expires < now),
             ]
             if scoped:
                 pass
@@ -110,41 +135,74 @@ class CleanupQueries(Connector):
         result: bool = await self._write("claim_cleanup", work)
         return result
 
-    async def extend_cleanup_claim(self, run_id: int, worker: str, now: datetime, ttl: float) -> None:
+    async def extend_cleanup_claim(self, claim: CleanupClaim, now: datetime) -> None:
+        """The cleanup goes on: its claim expires `ttl` from now. Raises `ClaimLost` when it
+        is no longer held."""
+
         async def work(conn: AsyncConnection) -> None:
-            await conn.execute(
-                update(runs)
-                .where(runs.c.id == run_id, runs.c.cleanup_claimed_by == worker)
-                .values(cleanup_claim_expires=now + timedelta(seconds=ttl))
-            )
+            await fence_cleanup(conn, claim, now)
 
         await self._write("extend_cleanup_claim", work)
 
     async def finish_cleanup(
-        self,
-        run_id: int,
-        worker: str,
-        status: CleanupStatus | None,
-        report: dict[str, Any],
-        actor: str,
-        now: datetime,
-    ) -> None:
-        """Record a cleanup's report and release its claim; `status` None leaves it as it was."""
+        self, claim: CleanupClaim, report: dict[str, Any], actor: str, now: datetime, *, member_key: str | None = None
+    ) -> CleanupStatus:
+        """Judge how the cleanup ended, record its report and release its claim, in one
+        transaction with the count of what is still live, so nothing recorded meanwhile can
+        slip between the count and the verdict (late reports wait for the claim to go).
 
-        async def work(conn: AsyncConnection) -> None:
+        `complete` when nothing is live; `incomplete` when something is; still `pending`
+        when all that is live is lease rows another restorer (the expiry sweeper) holds
+        right now, so the cleanup is due again once they are given back. A cleanup of one
+        member (`member_key`) leaves the run's status as it was, and answers its own.
+        Claim: the run's cleanup. Raises `ClaimLost`, writing nothing, when it is gone.
+        """
+
+        async def work(conn: AsyncConnection) -> CleanupStatus:
+            live = [run_resources.c.run_id == claim.run_id, run_resources.c.state.in_(LIVE_STATES)]
+            if member_key is not None:
+                live.append(run_resources.c.member_key == member_key)
+            remaining = int((await conn.execute(select(func.count()).where(*live))).scalar() or 0)
+            held_elsewhere = int(
+                (
+                    await conn.execute(
+                        select(func.count()).where(
+                            *live,
+                            run_resources.c.claim_token.is_not(None),
+                            run_resources.c.claim_token != claim.token,
+                            run_resources.c.claim_expires >= now,
+                        )
+                    )
+                ).scalar()
+                or 0
+            )
+            if not remaining:
+                status = CleanupStatus.COMPLETE
+            elif remaining == held_elsewhere:
+                status = CleanupStatus.PENDING
+            else:
+                status = CleanupStatus.INCOMPLETE
+            report["status"] = status.value
             values: dict[str, Any] = {
                 "cleanup_report": report,
                 "cleanup_ended_at": now,
                 "cleanup_claimed_by": None,
                 "cleanup_claim_expires": None,
+                "cleanup_token": None,
             }
-            if status is not None:
+            if member_key is None:
                 values["cleanup_status"] = status.value
-            await conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+            released = await conn.execute(
+                update(runs).where(runs.c.id == claim.run_id, runs.c.cleanup_token == claim.token).values(**values)
+            )
+            if released.rowcount != 1:
+                raise ClaimLost(f"run {claim.run_id}'s cleanup was taken over before it finished")
             summary = {k: report[k] for k in ("status", "member_key", "reverted", "restored", "failed") if k in report}
-            await record_audit(conn, now, actor, "cleanup", f"run:{run_id}", summary)
+            await record_audit(conn, now, actor, "cleanup", f"run:{claim.run_id}", summary)
+            return status
 
-        await self._write("finish_cleanup", work)
+        result: CleanupStatus = await self._write("finish_cleanup", work)
+        return result
 
     async def runs_due_cleanup(self, now: datetime) -> list[int]:
         """Ended runs with `auto` cleanup that are dirty and not being cleaned by anyone."""
@@ -154,7 +212,7 @@ class CleanupQueries(Connector):
                 runs.c.status.in_([s.value for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)]),
                 runs.c.cleanup_policy == "auto",
                 runs.c.cleanup_status == CleanupStatus.PENDING.value,
-                or_(runs.c.cleanup_claimed_by.is_(None), runs.c.cleanup_claim_expires < now),
+                or_(runs.c.cleanup_token.is_(None), runs.c.cleanup_claim_expires < now),
             )
             .order_by(runs.c.id)
         )
@@ -164,3 +222,16 @@ class CleanupQueries(Connector):
 
         result: list[int] = await self._read(work)
         return result
+
+
+async def fence_cleanup(conn: AsyncConnection, claim: CleanupClaim, now: datetime) -> None:
+    """The first statement of every write made under a cleanup's claim: it pushes the
+    claim's expiry on only if the claim is still this one, and locks the run's row until
+    the commit, so the claim cannot change hands before the writes that follow land."""
+    held = await conn.execute(
+        update(runs)
+        .where(runs.c.id == claim.run_id, runs.c.cleanup_token == claim.token)
+        .values(cleanup_claim_expires=now + timedelta(seconds=claim.ttl))
+    )
+    if held.rowcount != 1:
+        raise ClaimLost(f"run {claim.run_id}'s cleanup is no longer held by this cleanup")

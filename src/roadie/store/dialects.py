@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Insert, Select, Table, event
+from sqlalchemy import Connection, Insert, Select, Table, event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -134,3 +135,25 @@ def skip_locked(dialect_name: str, query: Select[Any], *, of: Table | None = Non
     if dialect_name == "sqlite":
         return query
     return query.with_for_update(skip_locked=True, of=of)
+
+
+# Any fixed number will do, as long as every Roadie process uses the same one.
+_MIGRATION_LOCK = 0x726F6164  # "road"
+
+
+def lock_for_migration(connection: Connection) -> Callable[[], None]:
+    """Take the database-wide lock that lets one process at a time migrate the schema,
+    waiting for it; answer how to give it back. Workers started together would otherwise
+    race on the same DDL (and MariaDB's DDL is not transactional, so a loser can leave a
+    half-made schema). PostgreSQL: an advisory lock held until the transaction ends.
+    MariaDB: a named lock held by the session. SQLite: the write lock its BEGIN IMMEDIATE
+    took already."""
+    name = connection.dialect.name
+    if name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+    elif name in MYSQL_FAMILY:
+        got = connection.exec_driver_sql("SELECT GET_LOCK('roadie.migrate', 300)").scalar()
+        if got != 1:
+            raise TimeoutError("another process held the migration lock for 300 s")
+        return lambda: connection.exec_driver_sql("SELECT RELEASE_LOCK('roadie.migrate')").close()
+    return lambda: None

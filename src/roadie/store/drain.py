@@ -9,10 +9,12 @@ from sqlalchemy import (
     bindparam,
     func,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from roadie.errors import ClaimLost
 from roadie.states import (
     OVERRIDE_KIND,
     STEP_KIND,
@@ -39,17 +41,23 @@ from roadie.store.tables import (
 
 
 class DrainQueries(Connector):
-    async def claim_steps(self, worker: str, now: datetime, limit: int, claim_ttl: float) -> list[Claimed]:
+    async def claim_steps(
+        self, worker: str, now: datetime, limit: int, claim_ttl: float, *, token: str
+    ) -> list[Claimed]:
         """Claim up to `limit` runnable steps and reserve their ledger rows, in one transaction.
 
         For `ledger` steps that is the placeholder `{@step, key}`; for `override` steps the
         lease's real row. Both are committed before this returns, so every dispatch that
         follows has its durable record (DESIGN §4 rules 1 and 3). A lease whose target
         another run holds is refused here, before the world is touched: its step fails.
+
+        Each claimed attempt carries `token` (minted by the caller for this claim, never
+        reused), which every later write about the attempt must name.
         """
         values = {
             "status": StepStatus.RUNNING.value,
             "claimed_by": worker,
+            "claim_token": token,
             "claim_expires": now + timedelta(seconds=claim_ttl),
             "attempts": steps.c.attempts + 1,
             "started_at": func.coalesce(steps.c.started_at, now),
@@ -167,6 +175,7 @@ class DrainQueries(Connector):
                             ended_at=now,
                             claimed_by=None,
                             claim_expires=None,
+                            claim_token=None,
                             error=refused[c.step.id],
                             attempt_log=[
                                 *(c.step.attempt_log or []),
@@ -188,6 +197,12 @@ class DrainQueries(Connector):
     async def record_outcomes(self, outcomes: list[Outcome]) -> None:
         """Record a batch of answers in one transaction.
 
+        Claim: each outcome's step must still be held by the attempt that dispatched it
+        (`step.claim_token`). That is checked first, with the steps' rows locked until the
+        commit; an outcome whose claim was lost (it expired and another worker took the
+        step) is marked `stale` and nothing of it is written — not its resources, not its
+        placeholder, not its step.
+
         Resources go in through the live-target key: a target this run already holds is
         "already recorded"; one another run holds becomes a rejection naming that run.
         Then placeholders resolve, leases confirm, steps end or wait for their retry.
@@ -196,8 +211,14 @@ class DrainQueries(Connector):
             return
 
         async def work(conn: AsyncConnection) -> None:
-            await record_resources(conn, self.dialect, outcomes)
-            resolved = [o.step.idempotency_key for o in outcomes if o.resolve_placeholder]
+            held = await _held_steps(conn, outcomes)
+            for o in outcomes:
+                o.stale = o.step.id not in held
+            current = [o for o in outcomes if not o.stale]
+            if not current:
+                return
+            await record_resources(conn, self.dialect, current)
+            resolved = [o.step.idempotency_key for o in current if o.resolve_placeholder]
             for chunk in chunks(resolved):
                 await conn.execute(
                     update(run_resources)
@@ -206,9 +227,9 @@ class DrainQueries(Connector):
                         run_resources.c.ref.in_(list(chunk)),
                         run_resources.c.state == ResourceState.PENDING.value,
                     )
-                    .values(state=ResourceState.RESOLVED.value, updated_at=outcomes[0].at)
+                    .values(state=ResourceState.RESOLVED.value, updated_at=current[0].at)
                 )
-            for o in outcomes:
+            for o in current:
                 if o.confirm_lease and o.step.lease_ref:
                     await conn.execute(
                         update(run_resources)
@@ -221,14 +242,14 @@ class DrainQueries(Connector):
                         )
                         .values(state=ResourceState.LIVE.value, until=o.lease_until, updated_at=o.at)
                     )
-            await self._end_steps(conn, outcomes)
+            await self._end_steps(conn, current)
             fatal = {
                 o.step.run_id: f"step {o.step.name}: {o.error}"
-                for o in outcomes
+                for o in current
                 if o.status is StepStatus.FAILED and o.step.on_error == "fail"
             }
             if fatal:
-                await fail_runs(conn, fatal, outcomes[0].at)
+                await fail_runs(conn, fatal, current[0].at)
 
         await self._write("record_outcomes", work)
 
@@ -250,8 +271,7 @@ class DrainQueries(Connector):
             params.append(
                 {
                     "b_id": o.step.id,
-                    "b_claimed_by": o.step.claimed_by,
-                    "b_attempt": o.step.attempts,
+                    "b_token": o.step.claim_token,
                     "b_status": o.status.value,
                     "b_output": o.output,
                     "b_error": o.error,
@@ -268,8 +288,7 @@ class DrainQueries(Connector):
                 steps.c.status == StepStatus.RUNNING.value,
                 # Only the claim that dispatched this attempt may end it: a worker whose
                 # claim expired and was taken over answers too late to count.
-                steps.c.claimed_by == bindparam("b_claimed_by"),
-                steps.c.attempts == bindparam("b_attempt"),
+                steps.c.claim_token == bindparam("b_token"),
             )
             .values(
                 status=bindparam("b_status"),
@@ -281,9 +300,12 @@ class DrainQueries(Connector):
                 attempt_log=bindparam("b_log"),
                 claimed_by=None,
                 claim_expires=None,
+                claim_token=None,
             )
         )
-        await conn.execute(statement, params)
+        ended = await conn.execute(statement, params)
+        if ended.rowcount != len(params):  # pragma: no cover - the rows are locked since _held_steps
+            raise ClaimLost(f"{len(params) - ended.rowcount} of {len(params)} steps changed hands while recording")
 
     async def requeue_expired_claims(self, now: datetime) -> int:
         """Steps whose worker vanished go back to `ready` under the same key.
@@ -310,7 +332,12 @@ class DrainQueries(Connector):
                     update(steps)
                     .where(steps.c.id.in_([r.id for r in exhausted]))
                     .values(
-                        status=StepStatus.FAILED.value, ended_at=now, claimed_by=None, claim_expires=None, error=lost
+                        status=StepStatus.FAILED.value,
+                        ended_at=now,
+                        claimed_by=None,
+                        claim_expires=None,
+                        claim_token=None,
+                        error=lost,
                     )
                 )
             for chunk in chunks(retry):
@@ -321,6 +348,7 @@ class DrainQueries(Connector):
                         status=StepStatus.READY.value,
                         claimed_by=None,
                         claim_expires=None,
+                        claim_token=None,
                         not_before=now,
                         error="the worker running this step was lost; retried under the same key",
                     )
@@ -372,3 +400,18 @@ class DrainQueries(Connector):
 
         result: list[StepRow] = await self._read(work)
         return result
+
+
+async def _held_steps(conn: AsyncConnection, outcomes: list[Outcome]) -> set[int]:
+    """The steps of `outcomes` still held by the attempt that answered, locked until the
+    transaction ends so that no requeue can take them between the check and the writes."""
+    pairs = [(o.step.id, o.step.claim_token) for o in outcomes if o.step.claim_token is not None]
+    held: set[int] = set()
+    for chunk in chunks(pairs, 200):
+        query = (
+            select(steps.c.id)
+            .where(tuple_(steps.c.id, steps.c.claim_token).in_(list(chunk)), steps.c.status == StepStatus.RUNNING.value)
+            .with_for_update()
+        )
+        held.update(int(i) for i in (await conn.execute(query)).scalars())
+    return held

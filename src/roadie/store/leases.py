@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     func,
     or_,
     select,
@@ -13,11 +14,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from roadie.errors import ClaimLost
 from roadie.states import (
     OVERRIDE_KIND,
     ResourceState,
 )
+from roadie.store.cleanups import fence_cleanup
 from roadie.store.connector import Connector, aware
+from roadie.store.records import CleanupClaim
 from roadie.store.rows import (
     ResourceRow,
     from_row,
@@ -76,22 +80,21 @@ class LeaseQueries(Connector):
         result: list[ResourceRow] = await self._read(work)
         return result
 
-    async def claim_expired_lease(self, resource_id: int, now: datetime, ttl: float) -> bool:
-        """Take the restore of one expired lease, so that one worker restores it.
+    async def claim_expired_lease(self, resource_id: int, token: str, now: datetime, ttl: float) -> bool:
+        """Take the restore of one expired lease under `token`, so one worker restores it.
 
-        A guarded update: the row must still be live and untouched since it expired (or
-        since a claim `ttl` ago, whose worker died), and its run's cleanup must not be in
-        hands, since that cleanup restores it too. Taking it moves `updated_at` to now,
-        which is what a second sweeper holding the same read then fails to match. Without
-        this, a slow sweeper could give back a value after the target was freed and
-        borrowed again by another run, overwriting that run's value.
+        A guarded update: the row must still be live and past its `until`, held by no
+        other restorer (or by one whose claim expired `ttl` after it took it), and its
+        run's cleanup must not be in hands: that cleanup restores it. Once taken, the
+        cleanup cannot mark the row reverted either (`mark_reverted` skips rows another
+        restorer holds), so the target is not freed for another run while this restore
+        may still land.
         """
-        stale = now - timedelta(seconds=ttl)
         cleaning = (
             select(runs.c.id)
             .where(
                 runs.c.id == run_resources.c.run_id,
-                runs.c.cleanup_claimed_by.is_not(None),
+                runs.c.cleanup_token.is_not(None),
                 runs.c.cleanup_claim_expires >= now,
             )
             .exists()
@@ -104,15 +107,78 @@ class LeaseQueries(Connector):
                     run_resources.c.id == resource_id,
                     run_resources.c.state == ResourceState.LIVE.value,
                     run_resources.c.until <= now,
-                    or_(run_resources.c.updated_at <= run_resources.c.until, run_resources.c.updated_at < stale),
+                    _free(now),
                     ~cleaning,
                 )
-                .values(updated_at=now)
+                .values(claim_token=token, claim_expires=now + timedelta(seconds=ttl), updated_at=now)
             )
             return bool(changed.rowcount)
 
         result: bool = await self._write("claim_expired_lease", work)
         return result
+
+    async def claim_lease_row(self, claim: CleanupClaim, resource_id: int, now: datetime) -> bool:
+        """Take a lease row for its run's cleanup to give back. Claim: the run's cleanup.
+        Answers False when another restorer (the expiry sweeper) holds the row."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            await fence_cleanup(conn, claim, now)
+            changed = await conn.execute(
+                update(run_resources)
+                .where(
+                    run_resources.c.id == resource_id,
+                    run_resources.c.run_id == claim.run_id,
+                    run_resources.c.state.in_(LIVE_STATES),
+                    or_(_free(now), run_resources.c.claim_token == claim.token),
+                )
+                .values(claim_token=claim.token, claim_expires=now + timedelta(seconds=claim.ttl))
+            )
+            return bool(changed.rowcount)
+
+        result: bool = await self._write("claim_lease_row", work)
+        return result
+
+    async def mark_lease_restored(self, resource_id: int, token: str, now: datetime) -> None:
+        """The expiry sweeper gave the value back: the row is reverted, its target freed.
+        Claim: the row's (`token`). Raises `ClaimLost`, writing nothing, when it is gone."""
+
+        async def work(conn: AsyncConnection) -> None:
+            changed = await conn.execute(
+                update(run_resources)
+                .where(run_resources.c.id == resource_id, run_resources.c.claim_token == token)
+                .values(
+                    state=ResourceState.REVERTED.value,
+                    reverted_at=now,
+                    updated_at=now,
+                    error=None,
+                    attempts=run_resources.c.attempts + 1,
+                    claim_token=None,
+                    claim_expires=None,
+                )
+            )
+            if changed.rowcount != 1:
+                raise ClaimLost(f"lease row {resource_id} was taken over before its restore was recorded")
+
+        await self._write("mark_lease_restored", work)
+
+    async def release_lease_row(self, resource_id: int, token: str, error: str, now: datetime) -> None:
+        """The sweeper's restore failed: the row stays live with why, and is free again.
+        Claim: the row's (`token`); a claim already gone changes nothing."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(run_resources)
+                .where(run_resources.c.id == resource_id, run_resources.c.claim_token == token)
+                .values(
+                    error=error[:2000],
+                    attempts=run_resources.c.attempts + 1,
+                    updated_at=now,
+                    claim_token=None,
+                    claim_expires=None,
+                )
+            )
+
+        await self._write("release_lease_row", work)
 
     async def next_lease_expiry(self) -> datetime | None:
         query = select(func.min(run_resources.c.until)).where(
@@ -137,3 +203,8 @@ class LeaseQueries(Connector):
 
         result: list[ResourceRow] = await self._read(work)
         return result
+
+
+def _free(now: datetime) -> ColumnElement[bool]:
+    """A row no restorer holds: never claimed, released, or its claim expired."""
+    return or_(run_resources.c.claim_token.is_(None), run_resources.c.claim_expires < now)

@@ -51,10 +51,29 @@ class LedgerQueries(Connector):
         return result
 
     async def record_late_resources(self, step: StepRow, resources: list[NewResource], now: datetime) -> Outcome:
-        """Resources a step's effect made by itself, reported after the step answered."""
+        """Resources a step's effect made by itself, reported after the step answered.
+
+        Claim: nobody's — and no cleanup may hold the run. Checked in the same transaction
+        as the insert, with the run's row locked until the commit: a cleanup claimed
+        between the check and the insert could count the rows before these and call the
+        run clean. Raises `InvalidState`, recording nothing, once the run's cleanup has
+        begun or ended; the module reverts what it reported itself.
+        """
         outcome = Outcome(step=step, status=StepStatus(step.status), at=now, resources=resources)
+        open_to_record = [
+            runs.c.id == step.run_id,
+            runs.c.cleanup_status.in_([CleanupStatus.NOT_REQUIRED.value, CleanupStatus.PENDING.value]),
+            or_(runs.c.cleanup_token.is_(None), runs.c.cleanup_claim_expires < now),
+        ]
 
         async def work(conn: AsyncConnection) -> None:
+            # A write that changes nothing, to lock the row: a locking read is not the same
+            # thing on every database, an UPDATE is.
+            held = await conn.execute(
+                update(runs).where(*open_to_record).values(cleanup_attempts=runs.c.cleanup_attempts)
+            )
+            if held.rowcount != 1:
+                raise InvalidState(f"run {step.run_id}'s cleanup has begun or ended; revert these yourself")
             await record_resources(conn, self.dialect, [outcome])
 
         await self._write("record_late_resources", work)

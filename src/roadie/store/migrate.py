@@ -8,6 +8,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection
 
+from roadie.store import dialects
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -22,5 +24,11 @@ def alembic_config(connection: Connection | None = None, url: str | None = None)
 
 
 def upgrade(connection: Connection) -> None:
-    """Bring the database on `connection` to the newest schema. Idempotent."""
-    command.upgrade(alembic_config(connection), "head")
+    """Bring the database on `connection` to the newest schema. Idempotent, and safe for
+    many processes at once: they take turns under a database lock, and each after the
+    first finds nothing left to do."""
+    release = dialects.lock_for_migration(connection)
+    try:
+        command.upgrade(alembic_config(connection), "head")
+    finally:
+        release()

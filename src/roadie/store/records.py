@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -67,6 +68,7 @@ class Outcome:
     confirm_lease: bool = False
     started: datetime | None = None  # when this attempt was dispatched, for the timeline
     recorded: int = 0  # filled in by the store: rows this run now holds for the step
+    stale: bool = False  # set by the store: the attempt's claim was lost, nothing was recorded
 
 
 @dataclass
@@ -95,3 +97,20 @@ class PhaseCounts:
     run: RunRow
     ready: int
     running: int
+
+
+def mint_token(incarnation: str) -> str:
+    """A claim token: the holder's incarnation (one process's engine), then a part that
+    is new for every claim, so no two attempts ever share one (DESIGN §11)."""
+    return f"{incarnation}.{secrets.token_hex(8)}"
+
+
+@dataclass(frozen=True)
+class CleanupClaim:
+    """A run's cleanup as one owner holds it: every write it makes names `token`, and
+    pushes the claim's expiry `ttl` seconds on, so a cleanup that makes progress keeps it
+    and one stuck on a module loses it."""
+
+    run_id: int
+    token: str
+    ttl: float

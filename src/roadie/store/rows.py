@@ -70,6 +70,7 @@ class RunRow:
     cleanup_ended_at: datetime | None
     cleanup_report: dict[str, Any] | None
     schedule_key: str | None = None  # set on a run a schedule made: its occurrence
+    cleanup_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class StepRow:
     output: Any
     rejections: list[str] | None
     attempt_log: list[dict[str, Any]] | None
+    claim_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ class ResourceRow:
     reverted_at: datetime | None
     attempts: int
     error: str | None
+    claim_token: str | None = None
+    claim_expires: datetime | None = None
 
 
 @dataclass(frozen=True)

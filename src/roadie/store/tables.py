@@ -112,6 +112,9 @@ runs = Table(
     Column("ended_at", UTCDateTime, nullable=True),
     Column("cleanup_claimed_by", String(100), nullable=True),
     Column("cleanup_claim_expires", UTCDateTime, nullable=True),
+    # The token of the cleanup that holds the run (DESIGN §11): minted per claim, and named
+    # by every write that cleanup makes. `cleanup_claimed_by` only says who, for people.
+    Column("cleanup_token", String(64), nullable=True),
     Column("cleanup_attempts", Integer, nullable=False, default=0),
     Column("cleanup_started_at", UTCDateTime, nullable=True),
     Column("cleanup_ended_at", UTCDateTime, nullable=True),
@@ -146,6 +149,9 @@ steps = Table(
     Column("not_before", UTCDateTime, nullable=False),
     Column("claimed_by", String(100), nullable=True),
     Column("claim_expires", UTCDateTime, nullable=True),
+    # The token of the attempt in flight, minted when it is claimed: only its holder may
+    # record the step's answer or its resources.
+    Column("claim_token", String(64), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("started_at", UTCDateTime, nullable=True),
     Column("ended_at", UTCDateTime, nullable=True),
@@ -175,6 +181,10 @@ run_resources = Table(
     Column("reverted_at", UTCDateTime, nullable=True),
     Column("attempts", Integer, nullable=False, default=0),
     Column("error", Text, nullable=True),
+    # A lease row being given back is held by one restorer (the expiry sweeper or its run's
+    # cleanup) until it is marked reverted or the claim expires.
+    Column("claim_token", String(64), nullable=True),
+    Column("claim_expires", UTCDateTime, nullable=True),
     Index(None, "run_id", "state"),
     Index(None, "state", "kind", "until"),
     Index(None, "step_id", "state"),

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    case,
     func,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -54,26 +54,22 @@ class WorkerQueries(Connector):
         await self._write("register_worker", work)
 
     async def heartbeat_worker(
-        self,
-        worker_id: str,
-        now: datetime,
-        ttl: float,
-        *,
-        step_ids: Sequence[int] = (),
-        cleanup_run_ids: Sequence[int] = (),
+        self, worker_id: str, now: datetime, ttl: float, *, steps_held: Mapping[int, str] | None = None
     ) -> set[int]:
         """The worker's heartbeat: one transaction per interval, whatever it holds.
 
-        The worker is alive, and the steps it has in flight and the cleanups it is doing
-        are still its own: their claims now expire `ttl` from now. Only what the worker
-        names is extended, so a claim it made and then lost track of (the commit went
-        through, the answer did not) still expires and is taken over.
+        Claim: each of `steps_held` (step id -> the claim token of the attempt in flight).
+        The worker is alive, and the attempts it has in flight are still its own: their
+        claims now expire `ttl` from now. Only what the worker names is extended, so a
+        claim it made and then lost track of (the commit went through, the answer did not)
+        still expires and is taken over. Cleanups are not kept alive here: a cleanup
+        extends its own claim as it makes progress, so one stuck on a module loses it.
 
-        Answers which of `step_ids` it no longer holds: another worker took them over
+        Answers which of `steps_held` it no longer holds: another worker took them over
         after their claims expired, and their dispatches are to be abandoned, not recorded.
         """
         until = now + timedelta(seconds=ttl)
-        ids = sorted(set(step_ids))
+        pairs = sorted((steps_held or {}).items())
 
         async def work(conn: AsyncConnection) -> set[int]:
             await conn.execute(
@@ -82,45 +78,29 @@ class WorkerQueries(Connector):
                 .values(heartbeat_at=now)
             )
             held: set[int] = set()
-            for chunk in chunks(ids):
-                await conn.execute(
-                    update(steps)
-                    .where(
-                        steps.c.id.in_(list(chunk)),
-                        steps.c.claimed_by == worker_id,
-                        steps.c.status == StepStatus.RUNNING.value,
-                    )
-                    .values(claim_expires=until)
-                )
-                held.update(
-                    int(r.id)
-                    for r in await conn.execute(
-                        select(steps.c.id).where(
-                            steps.c.id.in_(list(chunk)),
-                            steps.c.claimed_by == worker_id,
-                            steps.c.status == StepStatus.RUNNING.value,
-                        )
-                    )
-                )
-            if cleanup_run_ids:
-                await conn.execute(
-                    update(runs)
-                    .where(runs.c.id.in_(sorted(set(cleanup_run_ids))), runs.c.cleanup_claimed_by == worker_id)
-                    .values(cleanup_claim_expires=until)
-                )
-            return set(ids) - held
+            for chunk in chunks(pairs, 200):
+                mine = [
+                    tuple_(steps.c.id, steps.c.claim_token).in_(list(chunk)),
+                    steps.c.status == StepStatus.RUNNING.value,
+                ]
+                await conn.execute(update(steps).where(*mine).values(claim_expires=until))
+                held.update(int(i) for i in (await conn.execute(select(steps.c.id).where(*mine))).scalars())
+            return {i for i, _ in pairs} - held
 
         result: set[int] = await self._write("heartbeat_worker", work)
         return result
 
-    async def deregister_worker(self, worker_id: str, now: datetime) -> tuple[int, int]:
+    async def deregister_worker(self, worker_id: str, incarnation: str, now: datetime) -> tuple[int, int]:
         """A worker stops cleanly: it is marked stopped, and gives back what it still holds.
 
-        By then its in-flight dispatches have answered (a graceful stop waits for them),
-        so a step still claimed in its name was never dispatched: it goes back to `ready`
-        without its attempt counting. Its cleanup claims are released for another worker.
-        Answers (steps released, cleanups released).
+        Claim: the claims this worker's incarnation minted (their tokens begin with
+        `incarnation`), not every claim in its name: another process may run under the
+        same worker id. A step given back goes to `ready`, and its attempt counts: its
+        dispatch may have reached the world (a recording that failed, a dispatch that was
+        abandoned), and the retry under the same key is what makes that exact. Cleanups it
+        held are released for another worker. Answers (steps released, cleanups released).
         """
+        mine = incarnation + "%"
 
         async def work(conn: AsyncConnection) -> tuple[int, int]:
             await conn.execute(
@@ -128,19 +108,20 @@ class WorkerQueries(Connector):
             )
             released = await conn.execute(
                 update(steps)
-                .where(steps.c.claimed_by == worker_id, steps.c.status == StepStatus.RUNNING.value)
+                .where(steps.c.claim_token.like(mine), steps.c.status == StepStatus.RUNNING.value)
                 .values(
                     status=StepStatus.READY.value,
                     claimed_by=None,
                     claim_expires=None,
+                    claim_token=None,
                     not_before=now,
-                    attempts=case((steps.c.attempts > 0, steps.c.attempts - 1), else_=0),
+                    error="the worker running this step stopped; retried under the same key",
                 )
             )
             cleanups = await conn.execute(
                 update(runs)
-                .where(runs.c.cleanup_claimed_by == worker_id)
-                .values(cleanup_claimed_by=None, cleanup_claim_expires=None)
+                .where(runs.c.cleanup_token.like(mine))
+                .values(cleanup_claimed_by=None, cleanup_claim_expires=None, cleanup_token=None)
             )
             return int(released.rowcount or 0), int(cleanups.rowcount or 0)
 

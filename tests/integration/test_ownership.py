@@ -1,0 +1,275 @@
+"""Ownership (DESIGN §11): two owners never act on one step, cleanup or lease row.
+
+Each test is one interleaving that broke the promise before claims were fenced, built
+deterministically: a gate inside a module call holds one owner in the middle of its
+work while another acts, then lets it go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import Harness
+from tests.databases import Database
+from tests.integration.test_ledger_rules import one_step
+
+from roadie.engine import Engine, EngineOptions, leases
+from roadie.errors import InvalidState, StoreError
+from roadie.store import NewResource, Store
+
+HEAD = "0007"  # the newest migration
+
+LEASE = """
+id: borrow
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        name: borrow
+        with: {{lease: probe.dial, value: {value}{hold}}}
+"""
+
+
+class Gate:
+    """Holds the first call that reaches it until `open()`; later calls pass straight by."""
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self._open = asyncio.Event()
+        self._used = False
+
+    async def __call__(self, *_: Any) -> None:
+        if self._used:
+            return
+        self._used = True
+        self.reached.set()
+        await self._open.wait()
+
+    def open(self) -> None:
+        self._open.set()
+
+
+async def _live(h: Harness, run_id: int) -> list[tuple[str, str, str]]:
+    return [(r.owner, r.kind, r.ref) for r in await h.store.list_resources(run_id, live_only=True)]
+
+
+async def _second_engine(h: Harness, *, worker_id: str, fail_heartbeats: bool = False) -> Engine:
+    """Another engine on the same database: another process, as far as the store knows."""
+    store = await Store.open(h.database_url)
+
+    def write_point(name: str) -> None:
+        if fail_heartbeats and name == "heartbeat_worker":
+            raise StoreError("heartbeat_worker: database is locked")
+
+    store.write_point = write_point
+    return Engine(store, h.registry, clock=h.clock, worker_id=worker_id, options=EngineOptions(seed=2))
+
+
+def test_a_staff_click_during_an_automatic_cleanup_reverts_nothing_twice(harness: Harness) -> None:
+    """Defect 1: the web service's engine shares the worker's id. Its cleanup of a run whose
+    automatic cleanup is under way is refused (claims are tokens, not worker ids), and each
+    step is reverted once."""
+
+    async def body() -> None:
+        run = await harness.start(one_step({"answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual"))
+        [run] = await harness.settle(run)
+        gate = Gate()
+        harness.probe.observe_revert = gate
+        automatic = asyncio.create_task(harness.engine.clean_up(run.id))
+        await gate.reached.wait()
+        web = await _second_engine(harness, worker_id=harness.engine.worker_id)
+        try:
+            with pytest.raises(InvalidState, match="under way elsewhere"):
+                await web.clean_up(run.id, actor="staff")
+        finally:
+            gate.open()
+            await web.store.close()
+        report = await automatic
+        assert report.status == "complete"
+        keys = [r.idempotency_key for r in harness.probe.reverts]
+        assert len(keys) == len(set(keys)) == 1
+
+    harness.run(body)
+
+
+def test_the_expiry_sweeper_and_a_cleanup_never_both_give_back_one_lease(harness: Harness) -> None:
+    """Defect 2: while the sweeper restores an expired lease, the run's cleanup leaves the
+    row alone (it cannot free the target), so no other run can borrow the target until
+    the sweeper's restore has landed, and no restore lands over another run's value."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold=", for: 10s"))
+        [a] = await harness.settle(a)
+        assert harness.probe.dial == 5
+        harness.clock.advance(11)
+        gate = Gate()
+        harness.probe.before_dial_write = gate
+        sweeper = asyncio.create_task(
+            leases.sweep_expired(harness.store, harness.registry, harness.clock, 60.0, incarnation="sweeper")
+        )
+        await gate.reached.wait()
+        report = await harness.engine.clean_up(a.id)
+        assert (report.status, report.held, report.restored) == ("pending", 1, 0)
+        b = await harness.start(LEASE.format(value=7, hold=""))
+        [b] = await harness.settle(b)
+        gate.open()
+        assert await sweeper == 1
+        # Whoever holds the target now, the world shows their value: B was refused while
+        # A's row was still being given back, so the value is the one from before A.
+        holders = [r for r in await harness.store.leases_in_force()]
+        assert holders == []
+        assert b.status == "failed"
+        assert harness.probe.dial == 1.5
+        report = await harness.engine.clean_up(a.id)
+        assert report.status == "complete"
+
+    harness.run(body)
+
+
+def test_a_module_cannot_hold_a_lease_target_beside_core(harness: Harness) -> None:
+    """Defect 3: an `override` a module reports is rejected (rule 4), so it never makes a
+    second live row for a lease target, and another run's `core.lease` of that target
+    is the only holder."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(
+            one_step({"answer": [{"kind": "override", "ref": "probe.dial"}]}, cleanup="manual", event_id="sneaky")
+        )
+        [a] = await harness.settle(a)
+        step = await harness.step(a, "make")
+        assert step.rejections == ["probe.make reported a resource of the reserved kind 'override'"]
+        b = await harness.start(LEASE.format(value=7, hold=""))
+        [b] = await harness.settle(b)
+        assert b.status == "succeeded"
+        live = [(o, k, r) for o, k, r in [*await _live(harness, a.id), *await _live(harness, b.id)] if k == "override"]
+        assert live == [("core", "override", "probe.dial")]
+
+    harness.run(body)
+
+
+def test_a_late_report_is_refused_while_a_cleanup_holds_the_run(harness: Harness) -> None:
+    """Defect 4: a late report that arrives while a cleanup is under way is refused (in one
+    transaction with the check), so the cleanup's verdict can never be `complete` with a
+    live row recorded behind its back."""
+
+    async def body() -> None:
+        run = await harness.start(one_step({"answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual"))
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "make")
+        gate = Gate()
+        harness.probe.observe_revert = gate
+        cleanup = asyncio.create_task(harness.engine.clean_up(run.id))
+        await gate.reached.wait()
+        try:
+            with pytest.raises(InvalidState, match="cleanup has begun or ended"):
+                await harness.store.record_late_resources(step, [NewResource("thing", "late-1")], harness.clock.now())
+        finally:
+            gate.open()
+        report = await cleanup
+        assert report.status == "complete"
+        assert await _live(harness, run.id) == []
+        with pytest.raises(InvalidState, match="cleanup has begun or ended"):
+            await harness.store.record_late_resources(step, [NewResource("thing", "late-2")], harness.clock.now())
+
+    harness.run(body)
+
+
+def test_a_zombie_answer_writes_nothing(harness: Harness) -> None:
+    """Defect 6: a worker whose claim expired (its heartbeats failed) answers after another
+    worker has run the step again, ended the run and cleaned it up. Its answer is stale:
+    no resource of it is recorded, no placeholder resolved, no live row left behind."""
+
+    async def body() -> None:
+        # The step may take longer than a claim lives: the claim, not the step's own
+        # timeout, is what lets another worker take it over.
+        run = await harness.start(one_step({"answer": None}, cleanup="manual", retry="timeout: 10m"))
+        gate = Gate()
+
+        async def zombie_answers(call: Any) -> None:
+            first = not gate._used
+            await gate(call)
+            harness.probe.answer = [{"kind": "thing", "ref": "zombie-1" if first else "fresh-1"}]
+
+        harness.probe.observe = zombie_answers
+        zombie = await _second_engine(harness, worker_id="zombie", fail_heartbeats=True)
+        try:
+            stalled = asyncio.create_task(zombie.tick())
+            await gate.reached.wait()
+            harness.clock.advance(zombie.options.claim_ttl + 1)
+            [run] = await harness.settle(run)
+            assert run.status == "succeeded"
+            assert (await harness.engine.clean_up(run.id)).status == "complete"
+            harness.probe.answer = None
+            gate.open()
+            await harness.drive(stalled)
+        finally:
+            await zombie.store.close()
+        assert await _live(harness, run.id) == []
+        assert "zombie-1" not in [r.ref for r in await harness.resources(run)]
+        assert (await harness.get_run(run)).cleanup_status == "complete"
+
+    harness.run(body)
+
+
+def test_a_worker_that_stops_gives_back_its_steps_with_their_attempts_counted(harness: Harness) -> None:
+    """Defect 8: a step given back by a stopping worker may have reached the world (here its
+    dispatch was under way when the worker's drain died), so its attempt counts; and only
+    the claims of that worker's own incarnation are given back, not those of another
+    process under the same worker id."""
+
+    async def body() -> None:
+        run = await harness.start(one_step({"answer": None}, cleanup="manual"))
+        gate = Gate()
+        harness.probe.observe = gate
+        other = await _second_engine(harness, worker_id=harness.engine.worker_id)
+        try:
+            dying = asyncio.create_task(other.tick())
+            await gate.reached.wait()
+            dying.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await dying
+            now = harness.clock.now()
+            assert await harness.store.deregister_worker(harness.engine.worker_id, harness.engine.incarnation, now) == (
+                0,
+                0,
+            )
+            assert await other.store.deregister_worker(other.worker_id, other.incarnation, now) == (1, 0)
+        finally:
+            gate.open()
+            await other.store.close()
+        [step] = await harness.steps(run)
+        assert (step.status, step.attempts, step.claim_token) == ("ready", 1, None)
+
+    harness.run(body)
+
+
+def test_workers_opening_one_new_database_together_migrate_it_once(tmp_path: Path, database: Database) -> None:
+    """Defect 8: every store migrates on open; several processes opening an empty database
+    at once take turns under a database lock instead of racing on the same DDL, and the
+    schema they leave is whole."""
+    url = database.fresh(tmp_path)
+
+    async def main() -> None:
+        stores = await asyncio.gather(*(Store.open(url) for _ in range(4)), return_exceptions=True)
+        try:
+            assert [s for s in stores if not isinstance(s, Store)] == []
+            store = stores[0]
+            assert isinstance(store, Store)
+            async with store.engine.connect() as conn:
+                version = (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalars().all()
+            assert version == [HEAD]
+        finally:
+            for s in stores:
+                if isinstance(s, Store):
+                    await s.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        database.drop_all()
