@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from roadie import protocol
 from roadie.conformance.params import check_schema, example_params, invalid
 from roadie.conformance.report import Outcome, Report, RuleResult
 from roadie.conformance.transport import Kind, RawTransport, Transport, TransportFailed, path_of
-from roadie.remote import protocol
 
 # Retryable answers (409 in flight, 429 busy, 5xx) and transport failures are tried again
 # under the same key, as the engine would; this many times, backing off to at most 1 s.
