@@ -17,12 +17,13 @@ from rich.console import Console
 from rich.table import Table
 
 from roadie.cli.conformance import conformance
-from roadie.cli.context import Context, configure_logging, open_context
+from roadie.cli.logs import configure_logging
 from roadie.cli.progress import RunProgress
 from roadie.cli.sandbox_serve import SecretOption, fetch_world
 from roadie.cli.sandbox_serve import serve as sandbox_serve
 from roadie.definitions import load_file
 from roadie.errors import DefinitionError, RoadieError
+from roadie.runtime import Context, open_context
 from roadie.store.rows import RunRow
 
 T = TypeVar("T")
