@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from roadie import protocol
-from roadie.conformance.checks import resource_problem
+from roadie.conformance.session import resource_problem
 from roadie.modules.sandbox import module as sandbox
 from roadie.plugin.server import ModuleServer
 from roadie.registry import Registry

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from roadie import protocol
-from roadie.conformance.checks import ConformanceOptions
+from roadie.conformance.session import ConformanceOptions
 from roadie.conformance.transport import Kind, TransportFailed, key_of
 from roadie.registry import Registry
 from roadie.remote.gateway import Gateway
