@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from roadie import protocol
 from roadie.modules import sandbox
 from roadie.plugin import PullClient
-from roadie.remote import protocol
 from roadie.store import Store
 from tests.remote.servers import free_port
 

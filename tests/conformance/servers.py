@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from roadie import protocol
 from roadie.modules.sandbox import SandboxWorld
 from roadie.modules.sandbox import module as sandbox
 from roadie.plugin.server import ModuleServer, Reply
-from roadie.remote import protocol
 
 SECRET = "conformance-test-secret"
 URL = "http://sandbox.test"

@@ -1,4 +1,4 @@
-"""docs/protocol.md is true: every example body is what `roadie.remote.protocol` accepts,
+"""docs/protocol.md is true: every example body is what `roadie.protocol` accepts,
 the worked signature is what `protocol.signature` computes, and every request example,
 sent signed to the SDK serving the sandbox (or to the engine's gateway), gets the answer
 the page shows."""
@@ -16,11 +16,11 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from roadie.conformance.checks import resource_problem
+from roadie import protocol
+from roadie.conformance.session import resource_problem
 from roadie.modules.sandbox import module as sandbox
 from roadie.plugin.server import ModuleServer
 from roadie.registry import Registry
-from roadie.remote import protocol
 from roadie.remote.gateway import Gateway
 from roadie.remote.queue import WorkQueue
 from roadie.store.store import Store

@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from roadie import protocol
 from roadie.errors import PermanentError, RetryableError
 from roadie.modules import sandbox
 from roadie.modules.sandbox import SandboxWorld
 from roadie.plugin import Faults, ModuleServer
 from roadie.registry import Answer, Call, Module, ModuleConfig, RevertCall
-from roadie.remote import protocol
 
 SECRET = "plugin-test-secret"
 

@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from roadie import protocol
 from roadie.modules import sandbox
 from roadie.plugin import Faults, ModuleServer, PullClient
-from roadie.remote import protocol
 from tests.plugin.helpers import SECRET, dispatch_body, revert_body
 
 ENGINE = "http://engine"

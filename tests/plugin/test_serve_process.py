@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from roadie.remote import protocol
+from roadie import protocol
 from tests.plugin.helpers import SECRET, dispatch_body
 
 ROADIE = str(Path(sys.executable).parent / "roadie")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from roadie import protocol
 from roadie.plugin import AnswerDropped, Faults, KeyLedger, KeyStatus
-from roadie.remote import protocol
 from tests.plugin.helpers import SECRET, ProbeState, Served, dispatch_body, probe
 
 

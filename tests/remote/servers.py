@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from roadie.remote import protocol
+from roadie import protocol
 
 SECRET = "loopback-test-secret"
 

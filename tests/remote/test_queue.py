@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from roadie.remote import protocol
+from roadie import protocol
 from roadie.remote.gateway import Gateway
 from roadie.remote.queue import WorkQueue
 from roadie.store.queue import QueueStore

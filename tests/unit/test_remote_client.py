@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from roadie import protocol
 from roadie.errors import PermanentError, RetryableError
-from roadie.remote import protocol
 from roadie.remote.client import _WithHeaders, judge
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roadie.remote import protocol
+from roadie import protocol
 from tests.web.conftest import Site
 
 

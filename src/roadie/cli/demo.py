@@ -13,10 +13,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from roadie.cli.context import Context
 from roadie.cli.progress import RunProgress
 from roadie.definitions import load_definition
 from roadie.modules.sandbox import SandboxWorld
+from roadie.runtime import Context
 
 EXAMPLE = "invasion.yaml"
 

@@ -135,8 +135,8 @@ def fetch_world(url: str, secret: str) -> dict[str, Any]:
     """The world snapshot of a `roadie sandbox serve` at `url`, by its signed view."""
     import httpx
 
+    from roadie import protocol
     from roadie.errors import RoadieError
-    from roadie.remote import protocol
 
     headers = protocol.sign(secret, "GET", WORLD_PATH, b"")
     try:

@@ -14,9 +14,10 @@ pointed at a live world.
 
 from __future__ import annotations
 
-from roadie.conformance.checks import RULE_NAMES, RULES, ConformanceOptions, run_checks
+from roadie.conformance.checks import RULE_NAMES, RULES, run_checks
 from roadie.conformance.params import example_params
 from roadie.conformance.report import Outcome, Report, RuleResult
+from roadie.conformance.session import ConformanceOptions
 from roadie.conformance.transport import Kind, PushClient, RawTransport, Transport
 
 

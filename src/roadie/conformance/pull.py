@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from roadie.conformance.checks import ConformanceOptions
+from roadie import protocol
+from roadie.conformance.session import ConformanceOptions
 from roadie.conformance.transport import Kind, TransportFailed, key_of
 from roadie.registry import Registry
-from roadie.remote import protocol
 from roadie.remote.gateway import Gateway
 from roadie.remote.queue import WorkQueue
 from roadie.store.store import Store

@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 
-from roadie.remote import protocol
+from roadie import protocol
 
 Kind = Literal["manifest", "dispatch", "revert", "inspect", "lease.read", "lease.apply", "lease.restore"]
 

@@ -29,21 +29,18 @@ import structlog
 from pydantic import ValidationError
 
 from roadie.clock import Clock, FakeClock, SystemClock
-from roadie.definitions import EventDefinition, FrozenDefinition, RetryPolicy, render
-from roadie.engine import leases, schedules
+from roadie.definitions import FrozenDefinition, RetryPolicy
+from roadie.engine import leases, runs, schedules
 from roadie.engine.cleanup import Cleanup, CleanupReport
 from roadie.engine.ledger import read_answer
 from roadie.errors import (
-    DefinitionError,
     InvalidState,
     PermanentError,
-    Problem,
     RoadieError,
     StepError,
     StepTimeout,
     StoreError,
     UnknownAction,
-    UnknownLease,
 )
 from roadie.registry import Call, Registry
 from roadie.states import CleanupPolicy, CleanupStatus, Reversible, RunStatus, StepStatus
@@ -123,37 +120,9 @@ class Engine:
 
         A `schedule_key` names one occurrence of the event's schedule, which makes at most
         one run: None means that occurrence's run exists already."""
-        definition = EventDefinition.model_validate(event.definition)
-        try:
-            resolved = definition.resolve_params(params or {})
-        except ValueError as exc:
-            raise DefinitionError([Problem(event.event_id, None, "params", str(exc))]) from exc
-        frozen = render(definition, resolved, self.registry)
-        self._check_leases(frozen)
-        now = self.clock.now()
-        return await self.store.create_run(
-            event=event,
-            definition=frozen.model_dump(mode="json", by_alias=True),
-            params=resolved,
-            cleanup_policy=definition.cleanup.value,
-            first_phase_due=now + timedelta(seconds=frozen.phases[0].after),
-            actor=actor,
-            now=now,
-            schedule_key=schedule_key,
+        return await runs.start_run(
+            self.store, self.registry, self.clock, event, params, actor=actor, schedule_key=schedule_key
         )
-
-    def _check_leases(self, frozen: FrozenDefinition) -> None:
-        problems = []
-        for p_index, phase in enumerate(frozen.phases):
-            for step in phase.steps:
-                if self.registry.action(step.action).borrows:
-                    try:
-                        leases.lease_ref(self.registry, step.params)
-                    except (UnknownLease, PermanentError) as exc:
-                        field = f"phases[{p_index}].steps[{step.seq}].with.lease"
-                        problems.append(Problem(frozen.event.id, None, field, str(exc)))
-        if problems:
-            raise DefinitionError(problems)
 
     async def cancel_run(self, run_id: int, *, actor: str = "cli") -> bool:
         """Stop new dispatches; in-flight steps answer; the run ends cancelled and is cleaned up."""

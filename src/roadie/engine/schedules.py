@@ -16,19 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 import structlog
 from croniter import croniter
 from pydantic import ValidationError
 
+from roadie.clock import Clock
 from roadie.definitions import CatchUp, ScheduleDef
+from roadie.engine import runs
 from roadie.errors import RoadieError, StoreError
+from roadie.registry import Registry
+from roadie.store import Store
 from roadie.store.rows import EventRow
-
-if TYPE_CHECKING:
-    from roadie.engine.engine import Engine
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +40,14 @@ GRACE = timedelta(minutes=1)
 BATCH = 100
 
 _TICK = timedelta(microseconds=1)
+
+
+class Worker(Protocol):
+    """What the schedules need of a worker (an `Engine` is one), without importing it."""
+
+    store: Store
+    registry: Registry
+    clock: Clock
 
 
 def schedule_key(event_id: str, occurrence: datetime) -> str:
@@ -97,10 +106,10 @@ def next_occurrence(schedule: ScheduleDef, after: datetime) -> datetime | None:
     return next(_forward(schedule, after, None), None)
 
 
-async def create_due_runs(engine: Engine) -> int:
+async def create_due_runs(engine: Worker) -> int:
     """Make the runs every schedule has due now; answer how many this worker made.
 
-    Called by every worker on every tick. A run is made as `Engine.start_run` makes one
+    Called by every worker on every tick. A run is made by `runs.start_run`, as `Engine.start_run` makes one
     (the event's newest version, rendered and validated), by actor `schedule`, with the
     schedule's params and the occurrence's key; an occurrence another worker made first
     is passed over. A run that cannot be made (say, its module is not loaded on this
@@ -123,7 +132,15 @@ async def create_due_runs(engine: Engine) -> int:
         for occurrence in due:
             key = schedule_key(event.event_id, occurrence)
             try:
-                run = await engine.start_run(event, schedule.params, actor="schedule", schedule_key=key)
+                run = await runs.start_run(
+                    engine.store,
+                    engine.registry,
+                    engine.clock,
+                    event,
+                    schedule.params,
+                    actor="schedule",
+                    schedule_key=key,
+                )
             except StoreError:
                 raise
             except (RoadieError, ValidationError) as exc:
@@ -144,7 +161,7 @@ async def create_due_runs(engine: Engine) -> int:
     return made
 
 
-async def next_due(engine: Engine) -> datetime | None:
+async def next_due(engine: Worker) -> datetime | None:
     """When the next occurrence of any schedule falls, for the worker to wake then."""
     now = engine.clock.now()
     due: datetime | None = None

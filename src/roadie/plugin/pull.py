@@ -20,11 +20,11 @@ import httpx
 import structlog
 from pydantic import ValidationError
 
+from roadie import protocol
 from roadie.clock import Clock
 from roadie.errors import RetryableError, RoadieError
 from roadie.plugin.server import Faults, ModuleServer, Reply, View
 from roadie.registry.module import Module
-from roadie.remote import protocol
 
 log = structlog.get_logger(__name__)
 

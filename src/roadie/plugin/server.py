@@ -1,5 +1,5 @@
 """A module server: one `Module`, written with the same decorators as an in-process one,
-answering the remote protocol (docs/protocol.md, `roadie.remote.protocol`).
+answering the remote protocol (docs/protocol.md, `roadie.protocol`).
 
 `ModuleServer.handle` is the whole of it: one call's kind and body in, one `Reply`
 (status, body, headers) out, with the key ledger between the engine and the module's
@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from roadie import protocol
 from roadie.clock import Clock, SystemClock
 from roadie.errors import ConfigError, PermanentError, RegistryError, RetryableError, RoadieError, StepError
 from roadie.plugin.ledger import KeyLedger
@@ -49,7 +50,6 @@ from roadie.registry.module import (
     RevertFailure,
     maybe_await,
 )
-from roadie.remote import protocol
 from roadie.states import Reversible
 
 log = structlog.get_logger(__name__)

@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from roadie.cli.context import Context, open_context
 from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, StoreError
 from roadie.remote.gateway import gateway_router
+from roadie.runtime import Context, open_context
 from roadie.web import api, dashboard
 from roadie.web.auth import Forbidden, Unauthenticated, state_of
 from roadie.web.live import Broker

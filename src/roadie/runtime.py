@@ -1,17 +1,14 @@
-"""What every command needs: settings, the store, the registry, an engine; and logging.
+"""One process's runtime: its settings, store, registry, engine and remote modules.
 
-The CLI is the only place that configures logging.
+The CLI's commands and the web app both open one; it lives outside both so that neither
+surface imports the other.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-
-import structlog
 
 from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
@@ -20,33 +17,6 @@ from roadie.registry import Registry, build_registry
 from roadie.remote import Remotes, attach_remote_modules, refresh_pull_module
 from roadie.remote.gateway import Gateway
 from roadie.store import Store
-
-
-def configure_logging(level: str = "warning", *, json: bool = False) -> None:
-    processors: list[structlog.typing.Processor] = [
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    )
-    structlog.configure(
-        processors=[*processors, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(_CurrentStderr()),  # type: ignore[arg-type]
-        cache_logger_on_first_use=False,
-    )
-
-
-class _CurrentStderr:
-    """Whatever `sys.stderr` is when a line is written, not when logging was set up
-    (test runners and daemonisers replace it)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""`roadie event`: validate, apply and list event definitions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, in_context, print_json
+from roadie.definitions import load_file
+from roadie.runtime import Context
+
+event_app = typer.Typer(help="Event definitions: validate, apply, list.", no_args_is_help=True)
+
+
+@event_app.command("validate")
+def event_validate(
+    file: Path = typer.Argument(..., help="An event file, YAML or JSON."),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Check an event file against the loaded modules, without storing it."""
+
+    async def work(ctx: Context) -> str:
+        definition = load_file(file, ctx.registry)
+        return f"{file}: ok — event {definition.id!r}, {len(definition.phases)} phases, " + (
+            f"{sum(len(p.steps) for p in definition.phases)} steps"
+        )
+
+    console.print(in_context(database_url, config, work), highlight=False)
+
+
+@event_app.command("apply")
+def event_apply(
+    file: Path = typer.Argument(..., help="An event file, YAML or JSON."),
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Validate an event file and store it as the event's newest version."""
+
+    async def work(ctx: Context) -> str:
+        row = await apply_event(ctx, file)
+        return f"event {row.event_id!r} version {row.version}"
+
+    console.print(in_context(database_url, config, work), highlight=False)
+
+
+async def apply_event(ctx: Context, file: Path) -> Any:
+    definition = load_file(file, ctx.registry)
+    return await ctx.store.create_event_version(
+        definition.id,
+        definition.title,
+        definition.model_dump(mode="json", by_alias=True),
+        file.read_text(),
+        os.environ.get("USER", "cli"),
+        ctx.engine.clock.now(),
+    )
+
+
+@event_app.command("list")
+def event_list(
+    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+) -> None:
+    """List events, newest version of each."""
+
+    async def work(ctx: Context) -> list[Any]:
+        return await ctx.store.list_events()
+
+    rows = in_context(database_url, config, work)
+    if as_json:
+        print_json([{"id": r.event_id, "version": r.version, "title": r.title} for r in rows])
+        return
+    table = Table("event", "version", "title", "phases", "schedule")
+    for r in rows:
+        schedule = r.definition.get("schedule") or {}
+        when = schedule.get("cron") or (f"{len(schedule['at'])} times" if schedule.get("at") else "")
+        if schedule.get("cron") and schedule.get("timezone", "UTC") != "UTC":
+            when += f" ({schedule['timezone']})"
+        table.add_row(r.event_id, str(r.version), r.title, str(len(r.definition.get("phases", []))), when)
+    console.print(table)

@@ -1,0 +1,63 @@
+"""`roadie sandbox` (show, serve) and `roadie demo`: the embedded sandbox world."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, err, in_context, print_json
+from roadie.cli.sandbox_serve import SecretOption, fetch_world
+from roadie.cli.sandbox_serve import serve as sandbox_serve
+from roadie.errors import RoadieError
+from roadie.runtime import Context
+
+sandbox_app = typer.Typer(help="The embedded sandbox world.", no_args_is_help=True)
+
+
+@sandbox_app.command("show")
+def sandbox_show(
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+    url: str | None = typer.Option(None, "--url", help="Read a `roadie sandbox serve` at this URL instead."),
+    secret: str | None = SecretOption,
+) -> None:
+    """The sandbox world's state: regions, settings, creatures, items, active buffs."""
+
+    async def work(ctx: Context) -> dict[str, Any]:
+        snapshot: dict[str, Any] = ctx.registry.state("sandbox").snapshot()
+        return snapshot
+
+    if url:
+        if not secret:
+            err.print("[red]error[/] --url needs the server's --secret (or ROADIE_SANDBOX_SECRET)", highlight=False)
+            raise typer.Exit(1)
+        try:
+            snapshot = fetch_world(url, secret)
+        except RoadieError as exc:
+            err.print(f"[red]error[/] {exc.message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+    else:
+        snapshot = in_context(database_url, config, work)
+    if as_json:
+        print_json(snapshot)
+        return
+    from roadie.cli.demo import world_table
+
+    console.print(world_table({"now": snapshot}, title="sandbox world"))
+
+
+sandbox_app.command("serve")(sandbox_serve)
+
+
+def demo(
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Run the bundled invasion against the sandbox world with faults on, clean up, and
+    compare the world before and after. Exits 0 only if they are equal."""
+    from roadie.cli.demo import run_demo
+
+    equal = in_context(database_url, config, lambda ctx: run_demo(ctx, console))
+    raise typer.Exit(0 if equal else 1)

@@ -1,0 +1,237 @@
+"""A conformance session: what the rules share while they check one module server.
+
+The `Session` talks to the module only through a `Transport`, retries what the engine
+would retry under the same key, and remembers every key it dispatched and every value it
+borrowed, so that the last rule can take all of it back down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from roadie import protocol
+from roadie.conformance.transport import Kind, Transport, TransportFailed
+
+# Retryable answers (409 in flight, 429 busy, 5xx) and transport failures are tried again
+# under the same key, as the engine would; this many times, backing off to at most 1 s.
+ATTEMPTS = 8
+BACKOFF = 0.05
+
+MAX_KIND = 64
+MAX_REF = 190
+
+
+@dataclass(frozen=True)
+class ConformanceOptions:
+    """How to check a module.
+
+    `params`: parameters per action name (else made from the action's JSON Schema).
+    `targets`: a target per targeted lease (a targeted lease without one is skipped).
+    `values`: the value to borrow per lease (else one of the same JSON type as it reads).
+    `pull`: serve a work queue at the URL and check a module that polls it.
+    `rules`: only these rules (the manifest and cleanup always run).
+    `http_transport`: httpx's transport for push (an `httpx.ASGITransport` in tests).
+    """
+
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    targets: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+    pull: bool = False
+    module: str | None = None  # pull: the module's name, when more than one could announce
+    concurrency: int = 10
+    timeout: float = 30.0  # per call
+    rule_timeout: float = 120.0
+    announce_timeout: float = 60.0  # pull: how long to wait for the module to announce
+    rules: Sequence[str] | None = None
+    http_transport: httpx.AsyncBaseTransport | None = None
+
+
+class Failed(Exception):
+    """The module broke the rule; the message says how."""
+
+
+class Skipped(Exception):
+    """The rule does not apply to this module; the message says why."""
+
+
+@dataclass
+class Made:
+    action: str
+    resources: list[dict[str, Any]] = field(default_factory=list)
+
+
+def message_of(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", ""))[:200]
+    text = body if isinstance(body, str) else json.dumps(body, default=str)
+    return text[:200]
+
+
+def refs_of(resources: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [f"{r.get('kind')}:{r.get('ref')}" for r in resources]
+
+
+def resource_problem(entry: Any) -> str | None:
+    """Why the engine's ledger would drop this resource entry, or None (DESIGN §4.4)."""
+    if not isinstance(entry, dict):
+        return f"not an object: {entry!r:.60}"
+    kind, ref, member = entry.get("kind"), entry.get("ref"), entry.get("memberKey")
+    if not isinstance(kind, str) or not 1 <= len(kind) <= MAX_KIND:
+        return f"kind must be a string of 1-{MAX_KIND} characters: {kind!r:.80}"
+    if kind == "@step":
+        return "kind '@step' is reserved for the engine"
+    if not isinstance(ref, str) or not 1 <= len(ref) <= MAX_REF:
+        return f"ref must be a string of 1-{MAX_REF} characters: {ref!r:.80}"
+    if member is not None and (not isinstance(member, str) or len(member) > MAX_REF):
+        return f"memberKey must be a string of at most {MAX_REF} characters"
+    return None
+
+
+class Session:
+    """One conformance run's state: the manifest, the action under test, what was made."""
+
+    def __init__(self, transport: Transport, options: ConformanceOptions) -> None:
+        self.transport = transport
+        self.options = options
+        self.tag = secrets.token_hex(4)
+        self.run_id = random.randint(1 << 30, (1 << 31) - 1)
+        self._counter = 0
+        self.manifest: protocol.Manifest | None = None
+        self.action: protocol.ActionSpec | None = None
+        self.params: dict[str, Any] = {}
+        self.no_action = ""  # why there is no ledger action to test with
+        self.made: dict[str, Made] = {}
+        self.gone: list[tuple[str, list[dict[str, Any]]]] = []  # reverted by key: (key, resources)
+        self.borrowed: dict[tuple[str, str | None], Any] = {}  # (lease, target) -> the value to restore
+        self.kinds: set[str] = set()
+
+    # -- keys and calls -------------------------------------------------------------
+
+    def new_key(self, label: str) -> str:
+        self._counter += 1
+        return f"roadie-conformance-{self.tag}-{label}-{self._counter}"
+
+    async def ask(self, kind: Kind, body: Any, *, retry: bool = True) -> tuple[int, Any]:
+        """One call; retryable answers and transport failures are tried again, same key."""
+        last = ""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                status, answer = await self.transport.call(kind, body)
+            except TransportFailed as exc:
+                last = str(exc)
+                if not retry or attempt == ATTEMPTS:
+                    raise Failed(f"{kind}: the request failed ({last})") from exc
+            else:
+                if not retry or not protocol.retryable_status(status) or attempt == ATTEMPTS:
+                    return status, answer
+                last = f"{status} {message_of(answer)}"
+            await asyncio.sleep(min(1.0, BACKOFF * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def ok(self, kind: Kind, body: Any, what: str) -> Any:
+        status, answer = await self.ask(kind, body)
+        if not 200 <= status < 300:
+            raise Failed(f"{what}: answered {status}: {message_of(answer)}")
+        return answer
+
+    def need_action(self) -> protocol.ActionSpec:
+        if self.action is None:
+            raise Skipped(self.no_action or "no ledger action to test with")
+        return self.action
+
+    async def dispatch(self, key: str, *, attempt: int = 1, what: str = "dispatch") -> dict[str, Any]:
+        """Dispatch the action under test; check the answer's shape; remember what it made."""
+        action = self.need_action()
+        made = self.made.setdefault(key, Made(action.name))
+        body = protocol.DispatchRequest(
+            action=action.name,
+            run_id=self.run_id,
+            step_id=self._counter,
+            idempotency_key=key,
+            attempt=attempt,
+            params=dict(self.params),
+        ).model_dump(mode="json")
+        answer = await self.ok("dispatch", body, f"{what} {action.name} {json.dumps(self.params)}")
+        if not isinstance(answer, dict) or not isinstance(answer.get("resources", []), list):
+            raise Failed(f"{what}: the answer is not {{'resources': [...], 'output': ...}}: {message_of(answer)}")
+        resources = answer.get("resources", [])
+        for entry in resources:
+            problem = resource_problem(entry)
+            if problem is not None:
+                raise Failed(f"{what}: a resource the engine's ledger would drop: {problem}")
+        for entry in resources:
+            if entry not in made.resources:
+                made.resources.append(entry)
+            self.kinds.add(entry["kind"])
+        return answer
+
+    async def made_something(self, key: str, what: str = "dispatch") -> list[dict[str, Any]]:
+        resources: list[dict[str, Any]] = (await self.dispatch(key, what=what)).get("resources", [])
+        if not resources:
+            raise Skipped(
+                f"{self.need_action().name} made no resources with params {json.dumps(self.params)}: "
+                "give it --params that make something"
+            )
+        return resources
+
+    def _wire(self, resources: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(r) for r in resources]
+
+    async def revert(self, key: str, resources: Sequence[Mapping[str, Any]], what: str) -> protocol.RevertAnswer:
+        action = self.need_action()
+        body = protocol.RevertRequest.model_validate(
+            {"action": action.name, "run_id": self.run_id, "idempotency_key": key, "resources": self._wire(resources)}
+        ).model_dump(mode="json", by_alias=True, exclude_none=True)
+        answer = await self.ok("revert", body, what)
+        try:
+            return protocol.RevertAnswer.model_validate(answer or {})
+        except ValidationError as exc:
+            raise Failed(f"{what}: the answer is not {{'failures': [...]}}: {first_error(exc)}") from exc
+
+    async def inspect(self, key: str, resources: Sequence[Mapping[str, Any]], what: str) -> list[protocol.Inspected]:
+        action = self.need_action()
+        body = protocol.InspectRequest.model_validate(
+            {"action": action.name, "run_id": self.run_id, "idempotency_key": key, "resources": self._wire(resources)}
+        ).model_dump(mode="json", by_alias=True, exclude_none=True)
+        answer = await self.ok("inspect", body, what)
+        try:
+            found = protocol.InspectAnswer.model_validate(answer).resources
+        except ValidationError as exc:
+            raise Failed(
+                f"{what}: the answer is not {{'resources': [{{kind, ref, exists, ours}}]}}: {first_error(exc)}"
+            ) from exc
+        if len(found) != len(resources):
+            raise Failed(f"{what}: asked after {len(resources)} resource(s), answered {len(found)}")
+        for asked, got in zip(resources, found, strict=True):
+            if (got.kind, got.ref) != (asked.get("kind"), asked.get("ref")):
+                raise Failed(
+                    f"{what}: answered {got.kind}:{got.ref} where {asked.get('kind')}:{asked.get('ref')} was asked"
+                )
+        return found
+
+    def lease_body(self, lease: str, target: str | None, key: str, value: Any = None) -> dict[str, Any]:
+        return protocol.LeaseRequest(
+            lease=lease, target=target, run_id=self.run_id, idempotency_key=key, value=value
+        ).model_dump(mode="json")
+
+    async def lease_read(self, lease: str, target: str | None, key: str, what: str) -> Any:
+        answer = await self.ok("lease.read", self.lease_body(lease, target, key), what)
+        try:
+            return protocol.LeaseValue.model_validate(answer if answer is not None else {}).value
+        except ValidationError as exc:
+            raise Failed(f"{what}: the answer is not {{'value': ...}}: {first_error(exc)}") from exc
+
+
+def first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])

@@ -1,0 +1,316 @@
+"""The remote module protocol, version 1: paths, bodies, signatures (docs/protocol.md).
+
+Both transports carry the same bodies. In *push* the engine POSTs a body to the module
+server's path; in *pull* the module fetches the same body from the engine's work queue,
+with the path it would have been sent to, and posts its answer back.
+
+Every request is signed: `X-Roadie-Signature: v1=<hex>` is HMAC-SHA256, with the
+module's shared secret, over `METHOD \\n PATH \\n TIMESTAMP \\n BODY`, where TIMESTAMP is
+`X-Roadie-Timestamp` (Unix seconds) and BODY the exact bytes sent. A request more than
+`MAX_SKEW` seconds away from the receiver's clock is refused, so a captured request
+cannot be replayed later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from roadie.errors import RoadieError
+
+VERSION: Literal["roadie/v1"] = "roadie/v1"
+PREFIX = "/roadie/v1"
+MAX_SKEW = 300.0  # seconds
+
+# Module server paths (push), and the kinds of call a pulled work item names.
+MANIFEST = f"{PREFIX}/manifest"
+DISPATCH = f"{PREFIX}/dispatch"
+REVERT = f"{PREFIX}/revert"
+INSPECT = f"{PREFIX}/inspect"
+LEASE_READ = f"{PREFIX}/lease/read"
+LEASE_APPLY = f"{PREFIX}/lease/apply"
+LEASE_RESTORE = f"{PREFIX}/lease/restore"
+CALL_PATHS = {
+    "dispatch": DISPATCH,
+    "revert": REVERT,
+    "inspect": INSPECT,
+    "lease.read": LEASE_READ,
+    "lease.apply": LEASE_APPLY,
+    "lease.restore": LEASE_RESTORE,
+}
+CallKind = Literal["dispatch", "revert", "inspect", "lease.read", "lease.apply", "lease.restore"]
+
+# Engine (gateway) paths: what a module calls.
+PULL = f"{PREFIX}/pull"
+ANSWER = f"{PREFIX}/answer"
+REPORT = f"{PREFIX}/report"
+ANNOUNCE = f"{PREFIX}/announce"
+
+H_KEY = "X-Roadie-Key"
+H_MODULE = "X-Roadie-Module"
+H_TIMESTAMP = "X-Roadie-Timestamp"
+H_SIGNATURE = "X-Roadie-Signature"
+NO_KEY = "-"  # the key header of a request that is about no step (manifest, pull)
+
+
+class SignatureRefused(RoadieError):
+    """The request's signature was missing, wrong or stale."""
+
+
+def _canonical(method: str, path: str, timestamp: str, body: bytes) -> bytes:
+    return b"\n".join([method.upper().encode(), path.encode(), timestamp.encode(), body])
+
+
+def signature(secret: str, method: str, path: str, timestamp: str, body: bytes) -> str:
+    digest = hmac.new(secret.encode(), _canonical(method, path, timestamp, body), hashlib.sha256).hexdigest()
+    return f"v1={digest}"
+
+
+def sign(
+    secret: str,
+    method: str,
+    path: str,
+    body: bytes,
+    *,
+    key: str = NO_KEY,
+    module: str | None = None,
+    now: float | None = None,
+) -> dict[str, str]:
+    """The headers that sign one request."""
+    timestamp = str(int(time.time() if now is None else now))
+    headers = {
+        H_KEY: key,
+        H_TIMESTAMP: timestamp,
+        H_SIGNATURE: signature(secret, method, path, timestamp, body),
+        "Content-Type": "application/json",
+    }
+    if module is not None:
+        headers[H_MODULE] = module
+    return headers
+
+
+def verify(
+    secret: str,
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now: float | None = None,
+    max_skew: float = MAX_SKEW,
+) -> None:
+    """Refuse an unsigned, wrongly signed or stale request, saying which."""
+    given = _header(headers, H_SIGNATURE)
+    timestamp = _header(headers, H_TIMESTAMP)
+    if not given:
+        raise SignatureRefused(f"unsigned request: no {H_SIGNATURE} header")
+    if not timestamp:
+        raise SignatureRefused(f"no {H_TIMESTAMP} header")
+    try:
+        sent = float(timestamp)
+    except ValueError:
+        raise SignatureRefused(f"{H_TIMESTAMP} is not Unix seconds: {timestamp[:40]!r}") from None
+    skew = abs((time.time() if now is None else now) - sent)
+    if skew > max_skew:
+        raise SignatureRefused(
+            f"stale request: its timestamp is {skew:.0f}s away from this clock (limit {max_skew:.0f}s)"
+        )
+    if not hmac.compare_digest(given.encode(), signature(secret, method, path, timestamp, body).encode()):
+        raise SignatureRefused("wrong signature: not made with this module's secret over this method, path and body")
+
+
+# The gateway's answer to a poll carries work the module will carry out, so it is signed
+# too: with the same secret and headers, over `ANSWER \n PATH \n TIMESTAMP \n BODY`. The
+# word ANSWER in the method's place means no request's signature can pass for an answer's.
+ANSWER_METHOD = "ANSWER"
+
+
+def sign_answer(secret: str, path: str, body: bytes, *, now: float | None = None) -> dict[str, str]:
+    """The headers that sign the answer to a request for `path`."""
+    headers = sign(secret, ANSWER_METHOD, path, body, now=now)
+    del headers[H_KEY]
+    return headers
+
+
+def verify_answer(
+    secret: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now: float | None = None,
+    max_skew: float = MAX_SKEW,
+) -> None:
+    """Refuse an answer to a request for `path` that the other side did not sign."""
+    verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name)
+    if value is None:
+        value = headers.get(name.lower())
+    return value or ""
+
+
+def body_hash(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+# -- bodies ------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class WireResource(BaseModel):
+    """A resource as it crosses the wire. `memberKey` scopes cleanup to one participant."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    kind: str
+    ref: str
+    payload: Any = None
+    member_key: str | None = Field(None, alias="memberKey")
+
+
+class ActionSpec(_Body):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    reversible: Literal["none", "self", "ledger"]
+    description: str = ""
+    params: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, description="a JSON Schema")
+
+
+class LeaseSpec(_Body):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    targeted: bool = False
+    description: str = ""
+
+
+class Manifest(_Body):
+    protocol: Literal["roadie/v1"] = VERSION
+    module: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    description: str = ""
+    actions: list[ActionSpec] = Field(default_factory=list)
+    leases: list[LeaseSpec] = Field(default_factory=list)
+    inspect: bool = Field(False, description="whether the server answers /inspect")
+
+
+class DispatchRequest(_Body):
+    action: str
+    run_id: int
+    step_id: int
+    idempotency_key: str = Field(min_length=1, max_length=190)
+    attempt: int = Field(ge=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class RevertRequest(_Body):
+    action: str
+    run_id: int
+    idempotency_key: str = Field(min_length=1, max_length=190)
+    resources: list[WireResource] = Field(default_factory=list, description="empty: whatever this key made")
+
+
+class RevertFailureBody(_Body):
+    kind: str
+    ref: str
+    message: str
+
+
+class RevertAnswer(_Body):
+    failures: list[RevertFailureBody] = Field(default_factory=list)
+
+
+class InspectRequest(_Body):
+    action: str
+    run_id: int
+    idempotency_key: str = Field(min_length=1, max_length=190)
+    resources: list[WireResource]
+
+
+class Inspected(_Body):
+    kind: str
+    ref: str
+    exists: bool
+    ours: bool = Field(description="it still carries this key's tag")
+
+
+class InspectAnswer(_Body):
+    resources: list[Inspected]
+
+
+class LeaseRequest(_Body):
+    """lease/read (no value), lease/apply and lease/restore (the value to write)."""
+
+    lease: str
+    target: str | None = None
+    run_id: int
+    idempotency_key: str = Field(min_length=1, max_length=190)
+    value: Any = None
+
+
+class LeaseValue(_Body):
+    value: Any = None
+
+
+class ReportRequest(_Body):
+    """Resources a step's effect made by itself afterwards, against the step's key."""
+
+    idempotency_key: str = Field(min_length=1, max_length=190)
+    resources: list[dict[str, Any]] = Field(min_length=1)
+
+
+class ReportAnswer(_Body):
+    recorded: int
+    rejected: list[str] = Field(default_factory=list)
+
+
+class PullRequest(_Body):
+    max: int = Field(16, ge=1, le=256)
+    wait: float = Field(20.0, ge=0, le=60, description="seconds to hold the poll open when there is no work")
+
+
+class PulledCall(_Body):
+    id: int
+    kind: CallKind
+    path: str
+    idempotency_key: str
+    body: dict[str, Any]
+    delivery: int = Field(description="1 the first time this call is handed out, 2 after a visibility timeout...")
+
+
+class PullAnswer(_Body):
+    calls: list[PulledCall]
+
+
+class AnswerPost(_Body):
+    """A pulled call's answer: the HTTP status and body a push server would have sent."""
+
+    id: int
+    status: int = Field(ge=100, le=599)
+    body: Any = None
+
+
+class ErrorDetail(_Body):
+    message: str
+    retryable: bool = False
+    field: str | None = None
+
+
+class ErrorBody(_Body):
+    error: ErrorDetail
+
+
+def error_body(message: str, *, retryable: bool = False, field: str | None = None) -> dict[str, Any]:
+    return ErrorBody(error=ErrorDetail(message=message, retryable=retryable, field=field)).model_dump(exclude_none=True)
+
+
+def retryable_status(status: int) -> bool:
+    """Which answers may pass on a retry: 5xx, 429 (busy), 409 (the same key is in flight)."""
+    return status >= 500 or status in (408, 409, 425, 429)
