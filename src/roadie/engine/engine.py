@@ -1,14 +1,11 @@
-"""The run engine: materialise, drain, record, advance, clean up.
+"""The run engine: one worker, and its loop — tick (requeue, schedules, advance, drain,
+sweep, start cleanups), then sleep until something is due.
 
 One `Engine` is one worker. Everything it knows between two moments is in the database,
 so an engine abandoned at any point (a crash) is replaced by a fresh one on the same
 files, which carries on: claims of the dead worker expire and their steps are retried
-under the same idempotency keys.
-
-The drain is built for throughput. A worker claims a batch of runnable steps and reserves
-all their ledger rows in one transaction before dispatching any of them (still "recorded
-before dispatched"), dispatches them concurrently, and records the answers that are in
-whenever it looks, one transaction per batch.
+under the same idempotency keys. Its parts live beside it: `advance.py` moves runs on,
+`drain.py` claims, dispatches and records their steps, `cleanup.py` takes them down.
 """
 
 from __future__ import annotations
@@ -19,51 +16,33 @@ import random
 import secrets
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from importlib import metadata
-from typing import Any, TypeVar, overload
+from typing import Any, overload
 
 import structlog
-from pydantic import ValidationError
 
 from roadie.clock import Clock, FakeClock, SystemClock
-from roadie.definitions import FrozenDefinition, RetryPolicy
+from roadie.definitions import FrozenDefinition
 from roadie.engine import leases, runs, schedules
+from roadie.engine.base import EngineOptions, Observer, earliest
 from roadie.engine.cleanup import Cleanup, CleanupReport
-from roadie.engine.ledger import read_answer
+from roadie.engine.drain import Drain
 from roadie.errors import (
     InvalidState,
-    PermanentError,
     RoadieError,
-    StepError,
-    StepTimeout,
     StoreError,
-    UnknownAction,
 )
-from roadie.registry import Call, Registry
-from roadie.states import CleanupPolicy, CleanupStatus, Reversible, RunStatus, StepStatus
-from roadie.store import Claimed, NewStep, Outcome, RunMove, Store, mint_token
-from roadie.store.rows import EventRow, RunRow, StepRow
+from roadie.registry import Registry
+from roadie.states import CleanupPolicy, CleanupStatus, RunStatus
+from roadie.store import Store
+from roadie.store.rows import EventRow, RunRow
 
 log = structlog.get_logger(__name__)
 
-Observer = Callable[[str, dict[str, Any]], None]
-RECORD_ATTEMPTS = 20  # consecutive failures to record a batch before the tick gives up
-T = TypeVar("T")
 
-
-@dataclass
-class EngineOptions:
-    concurrency: int = 32
-    claim_ttl: float = 60.0  # a worker that stops heartbeating loses its claims after this
-    poll_interval: float = 1.0
-    seed: int | None = None
-    cleanups: int = 4  # automatic cleanups a worker runs at once, beside its drain
-
-
-class Engine:
+class Engine(Drain):
     def __init__(
         self,
         store: Store,
@@ -128,347 +107,6 @@ class Engine:
         """Stop new dispatches; in-flight steps answer; the run ends cancelled and is cleaned up."""
         return await self.store.request_cancel(run_id, actor, self.clock.now())
 
-    async def _advance(self) -> tuple[bool, datetime | None]:
-        """Move every run in flight on as far as it can go now, in one transaction.
-
-        Answers whether anything moved, and the earliest time something will be due.
-        Each move is guarded by the run's state as read here, so if two workers advance
-        one run, only one move applies; the steps a losing move tried to insert are the
-        same rows (the same keys), which the insert ignores.
-        """
-        due: datetime | None = None
-        now = self.clock.now()
-        moves: list[RunMove] = []
-        in_flight = await self.store.runs_in_flight(known=self._definitions.keys())
-        # Forget the runs that ended elsewhere (another worker finished them).
-        alive = {c.run.id for c in in_flight}
-        for run_id in [i for i in self._definitions if i not in alive]:
-            del self._definitions[run_id]
-        for counts in in_flight:
-            run = counts.run
-            frozen = self._frozen(run)
-            if run.cancel_requested:
-                if counts.ready or not counts.running:
-                    status = RunStatus.FAILED if run.error else RunStatus.CANCELLED
-                    moves.append(RunMove(run, skip_ready=bool(counts.ready), finish=None if counts.running else status))
-                continue
-            move = RunMove(run)
-            phase, materialised = run.phase, run.materialised_phase
-            if materialised < phase:
-                assert run.phase_due_at is not None
-                if run.phase_due_at > now:
-                    due = _earliest(due, run.phase_due_at)
-                    continue
-                try:
-                    move.steps = self._steps_of(run, frozen, phase)
-                except RoadieError as exc:
-                    moves.append(
-                        RunMove(run, skip_ready=True, fail=f"phase {frozen.phases[phase].name}: {exc.message}")
-                    )
-                    continue
-                materialised = phase
-            elif not (counts.ready or counts.running):
-                if phase + 1 < len(frozen.phases):
-                    phase += 1
-                    after = frozen.phases[phase].after
-                    move.phase_due_at = now + timedelta(seconds=after)
-                    if after <= 0:  # no delay: begin the next phase in the same move
-                        try:
-                            move.steps = self._steps_of(run, frozen, phase)
-                            materialised = phase
-                        except RoadieError:
-                            pass  # the next pass, materialising on its own, fails the run
-                else:
-                    started = run.started_at or now
-                    ends_at = run.ends_at or max(now, started + timedelta(seconds=frozen.event.duration))
-                    if ends_at <= now:
-                        move.finish = RunStatus.SUCCEEDED
-                    elif run.ends_at is None:
-                        move.ends_at = ends_at
-                        due = _earliest(due, ends_at)
-                    else:
-                        due = _earliest(due, ends_at)
-                        continue
-            else:
-                continue
-            move.phase, move.materialised_phase = phase, materialised
-            moves.append(move)
-        if not moves:
-            return False, due
-        await self.store.advance_runs(moves, now)
-        for move in moves:
-            if move.steps and move.materialised_phase is not None:
-                name = self._frozen(move.run).phases[move.materialised_phase].name
-                self._tell("phase", {"run_id": move.run.id, "phase": move.materialised_phase, "name": name})
-            if move.finish is not None:
-                self._definitions.pop(move.run.id, None)
-                self._tell("run", {"run_id": move.run.id, "status": move.finish.value})
-        return True, due
-
-    def _frozen(self, run: RunRow) -> FrozenDefinition:
-        """A run's definition never changes after it is created, so it is parsed once."""
-        frozen = self._definitions.get(run.id)
-        if frozen is None:
-            frozen = self._definitions[run.id] = FrozenDefinition.model_validate(run.definition)
-        return frozen
-
-    def _steps_of(self, run: RunRow, frozen: FrozenDefinition, index: int) -> list[NewStep]:
-        """The rows materialise inserts for one phase of a run."""
-        phase = frozen.phases[index]
-        new_steps = []
-        for step in phase.steps:
-            action = self.registry.action(step.action)
-            lease_ref = leases.lease_ref(self.registry, step.params) if action.borrows else None
-            new_steps.append(
-                NewStep(
-                    phase=step.phase,
-                    seq=step.seq,
-                    name=step.name,
-                    action=step.action,
-                    owner=action.owner,
-                    reversible=action.reversible,
-                    lease_ref=lease_ref,
-                    params=step.params,
-                    # Minted once, here, and never changed by a retry (DESIGN §1).
-                    idempotency_key=f"{run.nonce}-{run.id}-{step.phase}-{step.seq}",
-                    max_attempts=step.retry.attempts,
-                    retry=step.retry.model_dump(mode="json"),
-                    timeout=step.timeout,
-                    on_error=step.on_error.value,
-                )
-            )
-        return new_steps
-
-    # -- the drain ------------------------------------------------------------------
-
-    async def _drain(self) -> bool:
-        """Claim, dispatch and record until nothing is runnable now. Answers whether
-        anything was dispatched.
-
-        Claims refill the window in batches (when a quarter of it is free, or it is
-        empty), and every answer that is in when the worker looks is recorded in one
-        transaction: a database commit is the scarce thing, so each one carries as
-        many steps as are ready.
-        """
-        inflight: dict[asyncio.Future[Any], Claimed] = {}
-        heartbeat: asyncio.Task[None] | None = None
-        worked = False
-        refill = max(1, self.options.concurrency // 4)
-        may_have_moved = True  # whether a run may have a phase to begin or an end to reach
-        unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
-        failures = 0
-        try:
-            while True:
-                free = self.options.concurrency - len(inflight)
-                claimed: list[Claimed] = []
-                if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
-                    try:
-                        claimed = await self.store.claim_steps(
-                            self.worker_id,
-                            self.clock.now(),
-                            free,
-                            self.options.claim_ttl,
-                            token=mint_token(self.incarnation),
-                        )
-                    except StoreError as exc:
-                        if not inflight and not unrecorded:
-                            raise
-                        # The dispatches in flight have written the world: their answers
-                        # must still be recorded, so claiming more waits for the next pass.
-                        log.warning("claiming steps failed; finishing those in flight", error=exc.message)
-                        claimed = []
-                    for c in claimed:
-                        if c.refused:
-                            self._tell(
-                                "step",
-                                {"run_id": c.step.run_id, "step": c.step.name, "status": "failed", "error": c.refused},
-                            )
-                            may_have_moved = True
-                            continue
-                        inflight[asyncio.create_task(self._dispatch(c))] = c
-                        assert c.step.claim_token is not None
-                        self._inflight_ids[c.step.id] = c.step.claim_token
-                        worked = True
-                    if len(claimed) < free and may_have_moved:
-                        # The queue ran dry: the steps that ended may have finished a phase.
-                        may_have_moved = False
-                        try:
-                            moved, _ = await self._advance()
-                        except StoreError as exc:
-                            # Moving runs on can wait for the next pass; the dispatches in
-                            # flight must not be dropped for it.
-                            log.warning("advancing runs failed; will try again", error=exc.message)
-                            moved = False
-                        if moved:
-                            continue
-                if not inflight and not unrecorded:
-                    if claimed:
-                        continue
-                    return worked
-                if inflight:
-                    if heartbeat is None or heartbeat.done():
-                        heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
-                    await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
-                    # Let dispatches that are about to finish do so, and take them all at once.
-                    await asyncio.sleep(0)
-                    if heartbeat.done() and self._heart is None:
-                        # Without run_forever's background heartbeat (settle, tests), the
-                        # drain beats for what it holds.
-                        try:
-                            await self.heartbeat()
-                        except StoreError as exc:  # a claim outlives two missed beats
-                            log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
-                    if self._lost:
-                        self._abandon_lost(inflight)
-                finished = [t for t in inflight if t.done()]
-                outcomes: list[Outcome] = [*unrecorded, *(t.result() for t in finished)]
-                for t in finished:
-                    self._inflight_ids.pop(inflight.pop(t).step.id, None)
-                if outcomes:
-                    try:
-                        await self.store.record_outcomes(outcomes)
-                    except StoreError as exc:
-                        # The answers are in hand and the world has been written: keep them
-                        # and record them again, rather than let their claims expire and
-                        # the steps run a second time.
-                        failures += 1
-                        if failures >= RECORD_ATTEMPTS:
-                            raise
-                        log.warning("recording answers failed; trying again", error=exc.message, steps=len(outcomes))
-                        unrecorded = outcomes
-                        await asyncio.sleep(0.05 * failures)
-                        continue
-                    unrecorded, failures = [], 0
-                    for o in outcomes:
-                        if o.stale:
-                            log.warning("claim lost; answer not recorded", run_id=o.step.run_id, step_id=o.step.id)
-                            continue
-                        self._tell_outcome(o)
-                    if any(o.status is not StepStatus.READY for o in outcomes):
-                        may_have_moved = True
-        finally:
-            for task in [*inflight, *([heartbeat] if heartbeat else [])]:
-                task.cancel()
-            for c in inflight.values():
-                self._inflight_ids.pop(c.step.id, None)
-
-    def _abandon_lost(self, inflight: dict[asyncio.Future[Any], Claimed]) -> None:
-        """Stop the dispatches whose claims another worker has taken over: the step is
-        theirs now, and running it here as well is what claims exist to prevent."""
-        for task, c in list(inflight.items()):
-            if c.step.id in self._lost:
-                log.warning("claim lost; dispatch abandoned", run_id=c.step.run_id, step_id=c.step.id)
-                task.cancel()
-                del inflight[task]
-                self._inflight_ids.pop(c.step.id, None)
-        self._lost.clear()
-
-    async def heartbeat(self) -> None:
-        """Say this worker is alive and extend the claims of what it holds, in one write."""
-        held = dict(self._inflight_ids)
-        lost = await self.store.heartbeat_worker(
-            self.worker_id, self.clock.now(), self.options.claim_ttl, steps_held=held
-        )
-        # Only the attempt the beat asked about: one that ended meanwhile, and was claimed
-        # again by this worker, is a new claim (a new token) the beat did not see.
-        self._lost |= {i for i in lost if self._inflight_ids.get(i) == held[i]}
-
-    async def _beat_forever(self) -> None:
-        """run_forever's heartbeat, every third of a claim's lifetime, busy or idle."""
-        while True:
-            await self.clock.sleep(self.options.claim_ttl / 3)
-            try:
-                await self.heartbeat()
-            except StoreError as exc:  # the next beat may get through; a claim lasts three
-                log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
-
-    async def _dispatch(self, claimed: Claimed) -> Outcome:
-        """Call the step's action and say what happened. Never raises: every failure is an
-        outcome, retried or final."""
-        step = claimed.step
-        started = self.clock.now()
-        self._tell("step", {"run_id": step.run_id, "step": step.name, "status": "running", "attempt": step.attempts})
-        try:
-            action = self.registry.action(step.action)
-            if action.borrows:
-                assert claimed.reserved_id is not None
-                outcome: Outcome = await self._with_timeout(
-                    leases.borrow(self.store, self.registry, self.clock, step, claimed.reserved_id), step.timeout
-                )
-                outcome.started = started
-                return outcome
-            try:
-                params = action.params.model_validate(step.params)
-            except ValidationError as exc:
-                raise PermanentError(f"parameters no longer fit {action.id}: {exc}") from exc
-            call = Call(
-                run_id=step.run_id,
-                step_id=step.id,
-                idempotency_key=step.idempotency_key,
-                attempt=step.attempts,
-                params=params,
-                state=self.registry.state(action.module.name),
-                clock=self.clock,
-            )
-            raw = await self._with_timeout(action.call(call), step.timeout)
-        except UnknownAction as exc:
-            return self._failed(step, started, f"{exc.message}: its module is not loaded", retryable=False)
-        except StepError as exc:
-            return self._failed(
-                step, started, exc.message or type(exc).__name__, retryable=exc.retryable, delay=exc.next_retry_delay
-            )
-        except RoadieError as exc:
-            return self._failed(step, started, exc.message, retryable=False)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # A module that raised may have acted before it did: retry under the same key,
-            # which the module's key ledger makes exact.
-            return self._failed(step, started, f"{type(exc).__name__}: {exc}", retryable=True)
-        ledgered = Reversible(step.reversible) is Reversible.LEDGER
-        answer = read_answer(raw, step.action, ledgered=ledgered, registry=self.registry)
-        for reason in answer.rejections:
-            log.warning("module answer rejected", run_id=step.run_id, step_id=step.id, reason=reason)
-        return Outcome(
-            step=step,
-            status=StepStatus.SUCCEEDED,
-            at=self.clock.now(),
-            started=started,
-            output=answer.output,
-            resources=answer.resources,
-            rejections=answer.rejections,
-            resolve_placeholder=ledgered and answer.readable,
-        )
-
-    async def _with_timeout(self, work: Awaitable[T], seconds: float) -> T:
-        """Await `work` for at most `seconds` of the engine's clock."""
-        try:
-            async with self.clock.timeout(seconds):
-                return await work
-        except TimeoutError:
-            raise StepTimeout(f"no answer within {seconds:g}s") from None
-
-    def _failed(
-        self, step: StepRow, started: datetime, error: str, *, retryable: bool, delay: float | None = None
-    ) -> Outcome:
-        now = self.clock.now()
-        if retryable and step.attempts < step.max_attempts:
-            if delay is None:
-                delay = RetryPolicy.model_validate(step.retry).delay(step.attempts, self.random.random())
-            log.info("step will be retried", run_id=step.run_id, step_id=step.id, error=error, delay=delay)
-            return Outcome(
-                step=step,
-                status=StepStatus.READY,
-                at=now,
-                started=started,
-                error=error,
-                not_before=now + timedelta(seconds=delay),
-            )
-        if retryable:
-            error = f"{error} (gave up after {step.attempts} attempts)"
-        log.warning("step failed", run_id=step.run_id, step_id=step.id, error=error)
-        return Outcome(step=step, status=StepStatus.FAILED, at=now, started=started, error=error)
-
     # -- the worker loop ------------------------------------------------------------
 
     async def tick(self) -> datetime | None:
@@ -523,7 +161,7 @@ class Engine:
             await self.store.next_claim_expiry(),
             await schedules.next_due(self),
         ):
-            due = _earliest(due, candidate)
+            due = earliest(due, candidate)
         return due
 
     async def run_forever(self) -> None:
@@ -596,27 +234,6 @@ class Engine:
                 await self.clock.sleep(max(0.0, (due - self.clock.now()).total_seconds()))
         raise RoadieError(f"runs {ids} did not settle within {max_ticks} ticks")
 
-    def _tell(self, kind: str, data: dict[str, Any]) -> None:
-        try:
-            self.observer(kind, data)
-        except Exception:  # an observer (a progress display) must never break the engine
-            log.exception("observer failed")
-
-    def _tell_outcome(self, o: Outcome) -> None:
-        status = {StepStatus.READY: "retry"}.get(o.status, o.status.value)
-        self._tell(
-            "step",
-            {
-                "run_id": o.step.run_id,
-                "step": o.step.name,
-                "phase": o.step.phase,
-                "status": status,
-                "error": o.error,
-                "rejections": o.rejections,
-                "recorded": o.recorded,
-            },
-        )
-
 
 def _version() -> str:
     try:
@@ -630,11 +247,3 @@ def _settled(run: RunRow) -> bool:
         return False
     awaiting_cleanup = run.cleanup_status == CleanupStatus.PENDING.value
     return not (run.cleanup_policy == CleanupPolicy.AUTO.value and awaiting_cleanup)
-
-
-def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)

@@ -1,0 +1,81 @@
+"""What every part of an engine shares: its options, its state, and how it tells an
+observer (a progress display, the web's live updates) what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from roadie.clock import Clock
+from roadie.definitions import FrozenDefinition
+from roadie.engine.cleanup import Cleanup
+from roadie.registry import Registry
+from roadie.states import StepStatus
+from roadie.store import Outcome, Store
+
+log = structlog.get_logger(__name__)
+
+Observer = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class EngineOptions:
+    concurrency: int = 32
+    claim_ttl: float = 60.0  # a worker that stops heartbeating loses its claims after this
+    poll_interval: float = 1.0
+    seed: int | None = None
+    cleanups: int = 4  # automatic cleanups a worker runs at once, beside its drain
+
+
+class EngineState:
+    """The attributes `Engine.__init__` sets, declared once for the parts built on them."""
+
+    store: Store
+    registry: Registry
+    clock: Clock
+    worker_id: str
+    incarnation: str
+    options: EngineOptions
+    random: random.Random
+    cleanup: Cleanup
+    observer: Observer
+    _stopping: asyncio.Event
+    _definitions: dict[int, FrozenDefinition]
+    _inflight_ids: dict[int, str]
+    _lost: set[int]
+    _heart: asyncio.Task[None] | None
+
+    def _tell(self, kind: str, data: dict[str, Any]) -> None:
+        try:
+            self.observer(kind, data)
+        except Exception:  # an observer (a progress display) must never break the engine
+            log.exception("observer failed")
+
+    def _tell_outcome(self, o: Outcome) -> None:
+        status = {StepStatus.READY: "retry"}.get(o.status, o.status.value)
+        self._tell(
+            "step",
+            {
+                "run_id": o.step.run_id,
+                "step": o.step.name,
+                "phase": o.step.phase,
+                "status": status,
+                "error": o.error,
+                "rejections": o.rejections,
+                "recorded": o.recorded,
+            },
+        )
+
+
+def earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -1,0 +1,270 @@
+"""The drain: claim runnable steps (their ledger rows reserved), dispatch them at once,
+record their answers in batches, and keep their claims alive while they are in flight.
+
+A worker claims a batch of runnable steps and reserves all their ledger rows in one
+transaction before dispatching any of them (still "recorded before dispatched"),
+dispatches them concurrently, and records the answers that are in whenever it looks,
+one transaction per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import structlog
+from pydantic import ValidationError
+
+from roadie.definitions import RetryPolicy
+from roadie.engine import leases
+from roadie.engine.advance import Advance
+from roadie.engine.ledger import read_answer
+from roadie.errors import (
+    PermanentError,
+    RoadieError,
+    StepError,
+    StepTimeout,
+    StoreError,
+    UnknownAction,
+)
+from roadie.registry import Call
+from roadie.states import Reversible, StepStatus
+from roadie.store import Claimed, Outcome, mint_token
+from roadie.store.rows import StepRow
+
+log = structlog.get_logger(__name__)
+
+RECORD_ATTEMPTS = 20  # consecutive failures to record a batch before the tick gives up
+T = TypeVar("T")
+
+
+class Drain(Advance):
+    async def _drain(self) -> bool:
+        """Claim, dispatch and record until nothing is runnable now. Answers whether
+        anything was dispatched.
+
+        Claims refill the window in batches (when a quarter of it is free, or it is
+        empty), and every answer that is in when the worker looks is recorded in one
+        transaction: a database commit is the scarce thing, so each one carries as
+        many steps as are ready.
+        """
+        inflight: dict[asyncio.Future[Any], Claimed] = {}
+        heartbeat: asyncio.Task[None] | None = None
+        worked = False
+        refill = max(1, self.options.concurrency // 4)
+        may_have_moved = True  # whether a run may have a phase to begin or an end to reach
+        unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
+        failures = 0
+        try:
+            while True:
+                free = self.options.concurrency - len(inflight)
+                claimed: list[Claimed] = []
+                if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
+                    try:
+                        claimed = await self.store.claim_steps(
+                            self.worker_id,
+                            self.clock.now(),
+                            free,
+                            self.options.claim_ttl,
+                            token=mint_token(self.incarnation),
+                        )
+                    except StoreError as exc:
+                        if not inflight and not unrecorded:
+                            raise
+                        # The dispatches in flight have written the world: their answers
+                        # must still be recorded, so claiming more waits for the next pass.
+                        log.warning("claiming steps failed; finishing those in flight", error=exc.message)
+                        claimed = []
+                    for c in claimed:
+                        if c.refused:
+                            self._tell(
+                                "step",
+                                {"run_id": c.step.run_id, "step": c.step.name, "status": "failed", "error": c.refused},
+                            )
+                            may_have_moved = True
+                            continue
+                        inflight[asyncio.create_task(self._dispatch(c))] = c
+                        assert c.step.claim_token is not None
+                        self._inflight_ids[c.step.id] = c.step.claim_token
+                        worked = True
+                    if len(claimed) < free and may_have_moved:
+                        # The queue ran dry: the steps that ended may have finished a phase.
+                        may_have_moved = False
+                        try:
+                            moved, _ = await self._advance()
+                        except StoreError as exc:
+                            # Moving runs on can wait for the next pass; the dispatches in
+                            # flight must not be dropped for it.
+                            log.warning("advancing runs failed; will try again", error=exc.message)
+                            moved = False
+                        if moved:
+                            continue
+                if not inflight and not unrecorded:
+                    if claimed:
+                        continue
+                    return worked
+                if inflight:
+                    if heartbeat is None or heartbeat.done():
+                        heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
+                    await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
+                    # Let dispatches that are about to finish do so, and take them all at once.
+                    await asyncio.sleep(0)
+                    if heartbeat.done() and self._heart is None:
+                        # Without run_forever's background heartbeat (settle, tests), the
+                        # drain beats for what it holds.
+                        try:
+                            await self.heartbeat()
+                        except StoreError as exc:  # a claim outlives two missed beats
+                            log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
+                    if self._lost:
+                        self._abandon_lost(inflight)
+                finished = [t for t in inflight if t.done()]
+                outcomes: list[Outcome] = [*unrecorded, *(t.result() for t in finished)]
+                for t in finished:
+                    self._inflight_ids.pop(inflight.pop(t).step.id, None)
+                if outcomes:
+                    try:
+                        await self.store.record_outcomes(outcomes)
+                    except StoreError as exc:
+                        # The answers are in hand and the world has been written: keep them
+                        # and record them again, rather than let their claims expire and
+                        # the steps run a second time.
+                        failures += 1
+                        if failures >= RECORD_ATTEMPTS:
+                            raise
+                        log.warning("recording answers failed; trying again", error=exc.message, steps=len(outcomes))
+                        unrecorded = outcomes
+                        await asyncio.sleep(0.05 * failures)
+                        continue
+                    unrecorded, failures = [], 0
+                    for o in outcomes:
+                        if o.stale:
+                            log.warning("claim lost; answer not recorded", run_id=o.step.run_id, step_id=o.step.id)
+                            continue
+                        self._tell_outcome(o)
+                    if any(o.status is not StepStatus.READY for o in outcomes):
+                        may_have_moved = True
+        finally:
+            for task in [*inflight, *([heartbeat] if heartbeat else [])]:
+                task.cancel()
+            for c in inflight.values():
+                self._inflight_ids.pop(c.step.id, None)
+
+    def _abandon_lost(self, inflight: dict[asyncio.Future[Any], Claimed]) -> None:
+        """Stop the dispatches whose claims another worker has taken over: the step is
+        theirs now, and running it here as well is what claims exist to prevent."""
+        for task, c in list(inflight.items()):
+            if c.step.id in self._lost:
+                log.warning("claim lost; dispatch abandoned", run_id=c.step.run_id, step_id=c.step.id)
+                task.cancel()
+                del inflight[task]
+                self._inflight_ids.pop(c.step.id, None)
+        self._lost.clear()
+
+    async def heartbeat(self) -> None:
+        """Say this worker is alive and extend the claims of what it holds, in one write."""
+        held = dict(self._inflight_ids)
+        lost = await self.store.heartbeat_worker(
+            self.worker_id, self.clock.now(), self.options.claim_ttl, steps_held=held
+        )
+        # Only the attempt the beat asked about: one that ended meanwhile, and was claimed
+        # again by this worker, is a new claim (a new token) the beat did not see.
+        self._lost |= {i for i in lost if self._inflight_ids.get(i) == held[i]}
+
+    async def _beat_forever(self) -> None:
+        """run_forever's heartbeat, every third of a claim's lifetime, busy or idle."""
+        while True:
+            await self.clock.sleep(self.options.claim_ttl / 3)
+            try:
+                await self.heartbeat()
+            except StoreError as exc:  # the next beat may get through; a claim lasts three
+                log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
+
+    async def _dispatch(self, claimed: Claimed) -> Outcome:
+        """Call the step's action and say what happened. Never raises: every failure is an
+        outcome, retried or final."""
+        step = claimed.step
+        started = self.clock.now()
+        self._tell("step", {"run_id": step.run_id, "step": step.name, "status": "running", "attempt": step.attempts})
+        try:
+            action = self.registry.action(step.action)
+            if action.borrows:
+                assert claimed.reserved_id is not None
+                outcome: Outcome = await self._with_timeout(
+                    leases.borrow(self.store, self.registry, self.clock, step, claimed.reserved_id), step.timeout
+                )
+                outcome.started = started
+                return outcome
+            try:
+                params = action.params.model_validate(step.params)
+            except ValidationError as exc:
+                raise PermanentError(f"parameters no longer fit {action.id}: {exc}") from exc
+            call = Call(
+                run_id=step.run_id,
+                step_id=step.id,
+                idempotency_key=step.idempotency_key,
+                attempt=step.attempts,
+                params=params,
+                state=self.registry.state(action.module.name),
+                clock=self.clock,
+            )
+            raw = await self._with_timeout(action.call(call), step.timeout)
+        except UnknownAction as exc:
+            return self._failed(step, started, f"{exc.message}: its module is not loaded", retryable=False)
+        except StepError as exc:
+            return self._failed(
+                step, started, exc.message or type(exc).__name__, retryable=exc.retryable, delay=exc.next_retry_delay
+            )
+        except RoadieError as exc:
+            return self._failed(step, started, exc.message, retryable=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A module that raised may have acted before it did: retry under the same key,
+            # which the module's key ledger makes exact.
+            return self._failed(step, started, f"{type(exc).__name__}: {exc}", retryable=True)
+        ledgered = Reversible(step.reversible) is Reversible.LEDGER
+        answer = read_answer(raw, step.action, ledgered=ledgered, registry=self.registry)
+        for reason in answer.rejections:
+            log.warning("module answer rejected", run_id=step.run_id, step_id=step.id, reason=reason)
+        return Outcome(
+            step=step,
+            status=StepStatus.SUCCEEDED,
+            at=self.clock.now(),
+            started=started,
+            output=answer.output,
+            resources=answer.resources,
+            rejections=answer.rejections,
+            resolve_placeholder=ledgered and answer.readable,
+        )
+
+    async def _with_timeout(self, work: Awaitable[T], seconds: float) -> T:
+        """Await `work` for at most `seconds` of the engine's clock."""
+        try:
+            async with self.clock.timeout(seconds):
+                return await work
+        except TimeoutError:
+            raise StepTimeout(f"no answer within {seconds:g}s") from None
+
+    def _failed(
+        self, step: StepRow, started: datetime, error: str, *, retryable: bool, delay: float | None = None
+    ) -> Outcome:
+        now = self.clock.now()
+        if retryable and step.attempts < step.max_attempts:
+            if delay is None:
+                delay = RetryPolicy.model_validate(step.retry).delay(step.attempts, self.random.random())
+            log.info("step will be retried", run_id=step.run_id, step_id=step.id, error=error, delay=delay)
+            return Outcome(
+                step=step,
+                status=StepStatus.READY,
+                at=now,
+                started=started,
+                error=error,
+                not_before=now + timedelta(seconds=delay),
+            )
+        if retryable:
+            error = f"{error} (gave up after {step.attempts} attempts)"
+        log.warning("step failed", run_id=step.run_id, step_id=step.id, error=error)
+        return Outcome(step=step, status=StepStatus.FAILED, at=now, started=started, error=error)
