@@ -74,6 +74,8 @@ class ResourceState(StrEnum):
 
 STEP_KIND = "@step"
 OVERRIDE_KIND = "override"
+# Core's own wait has nothing in the world to finish: cancelling its run cuts it short.
+WAIT_ACTION = "core.wait"
 
 
 class WorkerState(StrEnum):

@@ -273,3 +273,37 @@ def test_workers_opening_one_new_database_together_migrate_it_once(tmp_path: Pat
         asyncio.run(main())
     finally:
         database.drop_all()
+
+
+def test_cancelling_a_run_cuts_its_wait_short(harness: Harness) -> None:
+    """Defect 8: a run sitting in `core.wait for: 10m` ends within a poll interval of being
+    cancelled, instead of a step timeout later: core's own wait has nothing in the world
+    to finish. The wait's step says it was cut short."""
+
+    async def body() -> None:
+        run = await harness.start(
+            """
+id: waiting
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: core.wait
+        name: pause
+        with: {for: 10m}
+        timeout: 20m
+"""
+        )
+        started = harness.clock.now()
+        working = asyncio.create_task(harness.engine.tick())
+        while [s.status for s in await harness.steps(run)] != ["running"]:
+            await asyncio.sleep(0.01)
+        assert await harness.engine.cancel_run(run.id)
+        await harness.drive(working)
+        [run] = await harness.settle(run)
+        assert run.status == "cancelled"
+        assert (harness.clock.now() - started).total_seconds() <= harness.options.poll_interval * 2
+        step = await harness.step(run, "pause")
+        assert (step.status, step.error) == ("skipped", "run cancelled: cut short")
+
+    harness.run(body)

@@ -30,7 +30,7 @@ from roadie.errors import (
     UnknownAction,
 )
 from roadie.registry import Call
-from roadie.states import Reversible, StepStatus
+from roadie.states import WAIT_ACTION, Reversible, StepStatus
 from roadie.store import Claimed, Outcome, mint_token
 from roadie.store.rows import StepRow
 
@@ -52,6 +52,7 @@ class Drain(Advance):
         """
         inflight: dict[asyncio.Future[Any], Claimed] = {}
         heartbeat: asyncio.Task[None] | None = None
+        watch: asyncio.Task[None] | None = None  # a look at cancels, while a wait is in flight
         worked = False
         refill = max(1, self.options.concurrency // 4)
         may_have_moved = True  # whether a run may have a phase to begin or an end to reach
@@ -108,7 +109,11 @@ class Drain(Advance):
                 if inflight:
                     if heartbeat is None or heartbeat.done():
                         heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
-                    await asyncio.wait([*inflight, heartbeat], return_when=asyncio.FIRST_COMPLETED)
+                    waits = [c for c in inflight.values() if c.step.action == WAIT_ACTION]
+                    if waits and (watch is None or watch.done()):
+                        watch = asyncio.create_task(self.clock.sleep(self.options.poll_interval))
+                    awaited = [*inflight, heartbeat, *([watch] if waits and watch else [])]
+                    await asyncio.wait(awaited, return_when=asyncio.FIRST_COMPLETED)
                     # Let dispatches that are about to finish do so, and take them all at once.
                     await asyncio.sleep(0)
                     if heartbeat.done() and self._heart is None:
@@ -120,6 +125,8 @@ class Drain(Advance):
                             log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
                     if self._lost:
                         self._abandon_lost(inflight)
+                    if waits and watch is not None and watch.done():
+                        unrecorded.extend(await self._cut_cancelled_waits(inflight))
                 finished = [t for t in inflight if t.done()]
                 outcomes: list[Outcome] = [*unrecorded, *(t.result() for t in finished)]
                 for t in finished:
@@ -147,10 +154,30 @@ class Drain(Advance):
                     if any(o.status is not StepStatus.READY for o in outcomes):
                         may_have_moved = True
         finally:
-            for task in [*inflight, *([heartbeat] if heartbeat else [])]:
+            for task in [*inflight, *([heartbeat] if heartbeat else []), *([watch] if watch else [])]:
                 task.cancel()
             for c in inflight.values():
                 self._inflight_ids.pop(c.step.id, None)
+
+    async def _cut_cancelled_waits(self, inflight: dict[asyncio.Future[Any], Claimed]) -> list[Outcome]:
+        """Cut short the `core.wait`s of runs that are being cancelled: a wait has nothing
+        in the world to finish, so its run need not sit out the wait (or its timeout)
+        before it ends and is cleaned up. Answers their outcomes, to be recorded."""
+        waits = {t: c for t, c in inflight.items() if c.step.action == WAIT_ACTION and not t.done()}
+        try:
+            stopping = await self.store.runs_cancelling(c.step.run_id for c in waits.values())
+        except StoreError as exc:  # the next look will do
+            log.warning("looking for cancelled runs failed", error=exc.message)
+            return []
+        cut = []
+        for task, c in waits.items():
+            if c.step.run_id in stopping:
+                task.cancel()
+                del inflight[task]
+                self._inflight_ids.pop(c.step.id, None)
+                now = self.clock.now()
+                cut.append(Outcome(step=c.step, status=StepStatus.SKIPPED, at=now, error="run cancelled: cut short"))
+        return cut
 
     def _abandon_lost(self, inflight: dict[asyncio.Future[Any], Claimed]) -> None:
         """Stop the dispatches whose claims another worker has taken over: the step is

@@ -39,6 +39,9 @@ from roadie.store.tables import (
     steps,
 )
 
+# How an attempt ended, as the step's attempt log says it.
+_RESULTS = {StepStatus.SUCCEEDED: "succeeded", StepStatus.READY: "retry", StepStatus.SKIPPED: "cut short"}
+
 
 class DrainQueries(Connector):
     async def claim_steps(
@@ -260,11 +263,7 @@ class DrainQueries(Connector):
                 "attempt": o.step.attempts,
                 "at": (o.started or o.at).isoformat(),
                 "ended": o.at.isoformat(),
-                "result": "succeeded"
-                if o.status is StepStatus.SUCCEEDED
-                else "retry"
-                if o.status is StepStatus.READY
-                else "failed",
+                "result": _RESULTS.get(o.status, "failed"),
             }
             if o.error:
                 entry["error"] = o.error

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -276,6 +276,17 @@ class RunQueries(Connector):
                 await fail_runs(conn, failing, now)
 
         await self._write("materialise_phase" if rows else "advance_runs", work)
+
+    async def runs_cancelling(self, run_ids: Iterable[int]) -> set[int]:
+        """Which of these runs an operator has asked to stop."""
+        ids = sorted(set(run_ids))
+        query = select(runs.c.id).where(runs.c.id.in_(ids), runs.c.cancel_requested.is_(True))
+
+        async def work(conn: AsyncConnection) -> set[int]:
+            return {int(i) for i in (await conn.execute(query)).scalars()} if ids else set()
+
+        result: set[int] = await self._read(work)
+        return result
 
     async def runs_by_ids(self, run_ids: list[int]) -> list[RunRow]:
         async def work(conn: AsyncConnection) -> list[RunRow]:
