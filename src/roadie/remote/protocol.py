@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from roadie.clock import Clock, SystemClock
 from roadie.errors import RoadieError
 
 VERSION: Literal["roadie/v1"] = "roadie/v1"
@@ -57,6 +57,16 @@ H_TIMESTAMP = "X-Roadie-Timestamp"
 H_SIGNATURE = "X-Roadie-Signature"
 NO_KEY = "-"  # the key header of a request that is about no step (manifest, pull)
 
+_SYSTEM_CLOCK = SystemClock()
+
+
+def _seconds(now: float | None, clock: Clock | None) -> float:
+    """Unix seconds: `now` when given, else the injectable clock's time (DESIGN §9), so a
+    test that moves its clock signs and checks on the time it set."""
+    if now is not None:
+        return now
+    return (clock or _SYSTEM_CLOCK).now().timestamp()
+
 
 class SignatureRefused(RoadieError):
     """The request's signature was missing, wrong or stale."""
@@ -80,9 +90,10 @@ def sign(
     key: str = NO_KEY,
     module: str | None = None,
     now: float | None = None,
+    clock: Clock | None = None,
 ) -> dict[str, str]:
-    """The headers that sign one request."""
-    timestamp = str(int(time.time() if now is None else now))
+    """The headers that sign one request, timestamped by `now` or `clock` (the system's)."""
+    timestamp = str(int(_seconds(now, clock)))
     headers = {
         H_KEY: key,
         H_TIMESTAMP: timestamp,
@@ -103,8 +114,10 @@ def verify(
     *,
     now: float | None = None,
     max_skew: float = MAX_SKEW,
+    clock: Clock | None = None,
 ) -> None:
-    """Refuse an unsigned, wrongly signed or stale request, saying which."""
+    """Refuse an unsigned, wrongly signed or stale request, saying which; staleness is
+    judged on `now` or `clock` (the system's)."""
     given = _header(headers, H_SIGNATURE)
     timestamp = _header(headers, H_TIMESTAMP)
     if not given:
@@ -115,7 +128,7 @@ def verify(
         sent = float(timestamp)
     except ValueError:
         raise SignatureRefused(f"{H_TIMESTAMP} is not Unix seconds: {timestamp[:40]!r}") from None
-    skew = abs((time.time() if now is None else now) - sent)
+    skew = abs(_seconds(now, clock) - sent)
     if skew > max_skew:
         raise SignatureRefused(
             f"stale request: its timestamp is {skew:.0f}s away from this clock (limit {max_skew:.0f}s)"
@@ -130,9 +143,11 @@ def verify(
 ANSWER_METHOD = "ANSWER"
 
 
-def sign_answer(secret: str, path: str, body: bytes, *, now: float | None = None) -> dict[str, str]:
+def sign_answer(
+    secret: str, path: str, body: bytes, *, now: float | None = None, clock: Clock | None = None
+) -> dict[str, str]:
     """The headers that sign the answer to a request for `path`."""
-    headers = sign(secret, ANSWER_METHOD, path, body, now=now)
+    headers = sign(secret, ANSWER_METHOD, path, body, now=now, clock=clock)
     del headers[H_KEY]
     return headers
 
@@ -145,9 +160,10 @@ def verify_answer(
     *,
     now: float | None = None,
     max_skew: float = MAX_SKEW,
+    clock: Clock | None = None,
 ) -> None:
     """Refuse an answer to a request for `path` that the other side did not sign."""
-    verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew)
+    verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew, clock=clock)
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
