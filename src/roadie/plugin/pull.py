@@ -153,7 +153,14 @@ class PullClient:
     async def _pull(self) -> list[protocol.PulledCall]:
         body = protocol.PullRequest(max=self.max_calls - len(self._tasks), wait=self.wait).model_dump(mode="json")
         self._poll = asyncio.create_task(
-            self.server.post(self.engine_url, protocol.PULL, body, read_timeout=self.wait + 15.0, signed_answer=True)
+            self.server.post(
+                self.engine_url,
+                protocol.PULL,
+                body,
+                read_timeout=self.wait + 15.0,
+                signed_answer=True,
+                extra_headers={protocol.H_FEATURES: protocol.FEATURE_TOKENS},
+            )
         )
         try:
             status, answer = await self._poll
@@ -176,7 +183,10 @@ class PullClient:
         await self._answer(call, reply)
 
     async def _answer(self, call: protocol.PulledCall, reply: Reply) -> None:
-        body = protocol.AnswerPost(id=call.id, status=reply.status, body=reply.body).model_dump(mode="json")
+        # The delivery's token, when the gateway gave one: the answer is kept only for the
+        # delivery in hand, and a gateway that gave none would not know the field.
+        answer_post = protocol.AnswerPost(id=call.id, status=reply.status, body=reply.body, token=call.token)
+        body = answer_post.model_dump(mode="json", exclude={"token"} if call.token is None else None)
         for attempt in range(1, 9):
             try:
                 status, answer = await self.server.post(
@@ -185,6 +195,8 @@ class PullClient:
             except RetryableError as exc:
                 status, answer = 0, exc.message
             if 200 <= status < 300:
+                if isinstance(answer, dict) and answer.get("accepted") is False:
+                    log.info("answer not taken", module=self.module.name, call=call.id, reason=answer.get("reason"))
                 return
             if status and not protocol.retryable_status(status):
                 # The gateway will not take it (the call expired, was answered already...):

@@ -432,12 +432,14 @@ class ModuleServer:
         key: str = protocol.NO_KEY,
         read_timeout: float | None = None,
         signed_answer: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> tuple[int, Any]:
         """POST `body` to the engine, signed as this module; its status and parsed body.
         A transport failure raises RetryableError. With `signed_answer`, a 2xx answer the
         engine did not sign with this module's secret is refused (RetryableError)."""
         raw = json.dumps(body, separators=(",", ":")).encode()
         headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name)
+        headers.update(extra_headers or {})
         try:
             response = await self.http().post(
                 base_url + path,

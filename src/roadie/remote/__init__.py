@@ -63,7 +63,8 @@ async def pull_module(settings: RemoteSettings, queue: WorkQueue, base_dir: str)
             log.warning("pull module has not announced itself yet; it has no actions", module=settings.name)
     if manifest.module != settings.name:
         raise ConfigError(f"module {settings.name!r} announced itself as {manifest.module!r}")
-    return RemoteModule(manifest, PullTransport(settings.name, queue), clock=queue.clock).build()
+    transport = PullTransport(settings.name, queue, deadline=settings.call_timeout)
+    return RemoteModule(manifest, transport, clock=queue.clock).build()
 
 
 def refresh_pull_module(registry: Registry, remotes: Remotes, manifest: protocol.Manifest, base_dir: str) -> None:
@@ -72,7 +73,8 @@ def refresh_pull_module(registry: Registry, remotes: Remotes, manifest: protocol
     if settings is None or settings.transport != "pull":
         return
     write_cached(base_dir, manifest)
-    module = RemoteModule(manifest, PullTransport(settings.name, remotes.queue), clock=remotes.queue.clock).build()
+    transport = PullTransport(settings.name, remotes.queue, deadline=settings.call_timeout)
+    module = RemoteModule(manifest, transport, clock=remotes.queue.clock).build()
     registry.register(module, {}, replace=True)
 
 

@@ -56,6 +56,11 @@ H_MODULE = "X-Roadie-Module"
 H_TIMESTAMP = "X-Roadie-Timestamp"
 H_SIGNATURE = "X-Roadie-Signature"
 NO_KEY = "-"  # the key header of a request that is about no step (manifest, pull)
+# A poll that sends `X-Roadie-Features: delivery-token` gets each call's delivery token,
+# and names it when it answers. Opt-in, because modules written before tokens refuse a
+# field they do not know.
+H_FEATURES = "X-Roadie-Features"
+FEATURE_TOKENS = "delivery-token"
 
 _SYSTEM_CLOCK = SystemClock()
 
@@ -164,6 +169,12 @@ def verify_answer(
 ) -> None:
     """Refuse an answer to a request for `path` that the other side did not sign."""
     verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew, clock=clock)
+
+
+def wants_tokens(headers: Mapping[str, str]) -> bool:
+    """Whether a poll asked for delivery tokens (`X-Roadie-Features: delivery-token`)."""
+    features = _header(headers, H_FEATURES)
+    return FEATURE_TOKENS in (part.strip().lower() for part in features.split(","))
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
@@ -299,6 +310,9 @@ class PulledCall(_Body):
     idempotency_key: str
     body: dict[str, Any]
     delivery: int = Field(description="1 the first time this call is handed out, 2 after a visibility timeout...")
+    token: str | None = Field(
+        None, description="this delivery's token, minted per hand-out; sent to polls that ask for it"
+    )
 
 
 class PullAnswer(_Body):
@@ -311,6 +325,7 @@ class AnswerPost(_Body):
     id: int
     status: int = Field(ge=100, le=599)
     body: Any = None
+    token: str | None = Field(None, description="the delivery's token, when the call came with one")
 
 
 class ErrorDetail(_Body):
