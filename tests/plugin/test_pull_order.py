@@ -95,3 +95,29 @@ def test_an_apply_and_its_restore_in_one_batch_run_in_queue_order(tmp_path: Path
             await asyncio.wait_for(running, 10)
 
     asyncio.run(body())
+
+
+def test_two_calls_of_one_key_in_one_batch_run_in_order(tmp_path: Path) -> None:
+    """Two deliveries of one apply in one poll run one after the other: the second finds
+    the first's stored answer, and the world is written once."""
+
+    async def body() -> None:
+        gateway = FakeGateway()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app)) as http:
+            client = PullClient(gated, ENGINE, "plugin-test-secret", str(tmp_path / "keys.db"), wait=0.2, http=http)
+            running = asyncio.create_task(client.run())
+            await asyncio.wait_for(client.announced.wait(), 10)
+            world: Gated = client.server.state
+            world.gates["storm"] = asyncio.Event()
+            world.entered["storm"] = asyncio.Event()
+            first = gateway.put("lease.apply", lease_body("k-storm", "storm"))
+            second = gateway.put("lease.apply", lease_body("k-storm", "storm"), delivery=2)
+            await asyncio.wait_for(world.entered["storm"].wait(), 10)
+            world.gates["storm"].set()
+            await gateway.wait_answers(first, second)
+            assert [gateway.answers[i][0].status for i in (first, second)] == [200, 200]
+            assert world.log == ["start britain=storm", "end britain=storm"]
+            client.stop()
+            await asyncio.wait_for(running, 10)
+
+    asyncio.run(body())

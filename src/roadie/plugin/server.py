@@ -353,18 +353,42 @@ class ModuleServer:
         return request, lease, call
 
     async def _lease_read(self, body: bytes) -> Reply:
-        _request, lease, call = self._lease_call(body)
+        request, lease, call = self._lease_call(body)
+        self.ledger.seen_lease(request.idempotency_key, lease.name, request.target, request.run_id)
         value = await maybe_await(lease.read_fn(call))
         return Reply(200, protocol.LeaseValue(value=jsonable(value)).model_dump(mode="json"))
 
     async def _lease_apply(self, body: bytes) -> Reply:
+        """Write a borrowed value, once per key, and never after its borrow was given back."""
         request, lease, call = self._lease_call(body)
-        await maybe_await(lease_writer(lease)(call, request.value))
+        key = request.idempotency_key
+        # One lease target's writes, one at a time: an apply and the restore that gives it
+        # back must not interleave between the ledger's verdict and the world's write.
+        with self._held(_target_lock(lease, request.target)) as lock:
+            async with lock:
+                begun = self.ledger.begin_apply(key, lease.name, request.target, request.run_id)
+                if begun.refused is not None:
+                    log.info("late lease apply refused", module=self.module.name, lease=lease.name, key=key)
+                    raise Refusal(422, begun.refused, "idempotency_key")
+                if begun.stored:
+                    log.info("lease apply replayed", module=self.module.name, lease=lease.name, key=key)
+                    return Reply(200, begun.answer)
+                await maybe_await(lease_writer(lease)(call, request.value))
+                self.ledger.finish_apply(key, {})
         return Reply(200, {})
 
     async def _lease_restore(self, body: bytes) -> Reply:
+        """Give a borrowed value back; from now on the borrow's late applies are refused."""
         request, lease, call = self._lease_call(body)
-        await maybe_await((lease.restore_fn or lease_writer(lease))(call, request.value))
+        key = request.idempotency_key
+        with self._held(_target_lock(lease, request.target)) as lock:
+            async with lock:
+                begun = self.ledger.begin_restore(key, lease.name, request.target, request.run_id)
+                if begun.stored:
+                    log.info("lease restore replayed", module=self.module.name, lease=lease.name, key=key)
+                    return Reply(200, begun.answer)
+                await maybe_await((lease.restore_fn or lease_writer(lease))(call, request.value))
+                self.ledger.finish_restore(key, {})
         return Reply(200, {})
 
     _handlers: dict[str, Callable[[ModuleServer, bytes], Any]] = {
@@ -480,6 +504,11 @@ class ModuleServer:
         app = Starlette(routes=routes, lifespan=lifespan)
         app.state.roadie = self
         return app
+
+
+def _target_lock(lease: Lease, target: str | None) -> str:
+    """The in-process lock name of one lease target (NUL cannot start a key on the wire)."""
+    return f"\x00lease\x00{lease.name}#{target or ''}"
 
 
 class _Endpoint:
