@@ -134,6 +134,25 @@ def test_the_gateway_gives_tokens_to_polls_that_ask_and_refuses_late_answers(har
     harness.run(body)
 
 
+def test_a_queued_call_nobody_takes_ends_at_its_deadline_and_is_withdrawn(harness: Harness) -> None:
+    """The module is offline: a lease restore submitted to the queue raises a retryable
+    StepTimeout once the queue's deadline (60 s by default) has passed on the fake clock,
+    instead of waiting for ever, and the call is withdrawn."""
+
+    async def body() -> None:
+        queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=0.01)
+        restore = {"lease": "weather", "target": "britain", "run_id": 7, "idempotency_key": "restore-7-12"}
+        started = harness.clock.now()
+        with pytest.raises(StepTimeout) as raised:
+            await harness.drive(queue.submit("lua", "lease.restore", "restore-7-12", restore), limit=300)
+        assert raised.value.retryable
+        assert (harness.clock.now() - started).total_seconds() >= 60
+        harness.clock.advance(3600)
+        assert await queue.calls.take("lua", 10, harness.clock.now(), visibility=30) == []
+
+    harness.run(body)
+
+
 def test_an_offline_pull_module_times_out_a_restore_and_a_revert_and_withdraws_them(harness: Harness) -> None:
     """Nobody polls: a lease restore and a revert submitted to the queue raise a retryable
     StepTimeout once the deadline has passed on the (fake) clock, instead of holding the
