@@ -191,7 +191,7 @@ class ModuleServer:
     async def handle_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Reply:
         """One HTTP request: its signature checked, then routed by method and path."""
         try:
-            protocol.verify(self._secret, method, path, headers, body, max_skew=self.max_skew)
+            protocol.verify(self._secret, method, path, headers, body, max_skew=self.max_skew, clock=self.clock)
         except protocol.SignatureRefused as exc:
             log.info("request refused", module=self.module.name, path=path, reason=exc.message)
             return Reply(401, protocol.error_body(exc.message))
@@ -462,7 +462,7 @@ class ModuleServer:
         A transport failure raises RetryableError. With `signed_answer`, a 2xx answer the
         engine did not sign with this module's secret is refused (RetryableError)."""
         raw = json.dumps(body, separators=(",", ":")).encode()
-        headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name)
+        headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name, clock=self.clock)
         headers.update(extra_headers or {})
         try:
             response = await self.http().post(
@@ -475,7 +475,9 @@ class ModuleServer:
             raise RetryableError(f"{self.module.name}: {base_url}{path}: {type(exc).__name__}: {exc}") from exc
         if signed_answer and response.is_success:
             try:
-                protocol.verify_answer(self._secret, path, response.headers, response.content, max_skew=self.max_skew)
+                protocol.verify_answer(
+                    self._secret, path, response.headers, response.content, max_skew=self.max_skew, clock=self.clock
+                )
             except protocol.SignatureRefused as exc:
                 raise RetryableError(f"{self.module.name}: {base_url}{path} answered unsigned: {exc.message}") from exc
         try:
