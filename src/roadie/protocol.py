@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from roadie.clock import Clock, SystemClock
 from roadie.errors import RoadieError
 
 VERSION: Literal["roadie/v1"] = "roadie/v1"
@@ -56,6 +56,21 @@ H_MODULE = "X-Roadie-Module"
 H_TIMESTAMP = "X-Roadie-Timestamp"
 H_SIGNATURE = "X-Roadie-Signature"
 NO_KEY = "-"  # the key header of a request that is about no step (manifest, pull)
+# A poll that sends `X-Roadie-Features: delivery-token` gets each call's delivery token,
+# and names it when it answers. Opt-in, because modules written before tokens refuse a
+# field they do not know.
+H_FEATURES = "X-Roadie-Features"
+FEATURE_TOKENS = "delivery-token"
+
+_SYSTEM_CLOCK = SystemClock()
+
+
+def _seconds(now: float | None, clock: Clock | None) -> float:
+    """Unix seconds: `now` when given, else the injectable clock's time (DESIGN §9), so a
+    test that moves its clock signs and checks on the time it set."""
+    if now is not None:
+        return now
+    return (clock or _SYSTEM_CLOCK).now().timestamp()
 
 
 class SignatureRefused(RoadieError):
@@ -80,9 +95,10 @@ def sign(
     key: str = NO_KEY,
     module: str | None = None,
     now: float | None = None,
+    clock: Clock | None = None,
 ) -> dict[str, str]:
-    """The headers that sign one request."""
-    timestamp = str(int(time.time() if now is None else now))
+    """The headers that sign one request, timestamped by `now` or `clock` (the system's)."""
+    timestamp = str(int(_seconds(now, clock)))
     headers = {
         H_KEY: key,
         H_TIMESTAMP: timestamp,
@@ -103,8 +119,10 @@ def verify(
     *,
     now: float | None = None,
     max_skew: float = MAX_SKEW,
+    clock: Clock | None = None,
 ) -> None:
-    """Refuse an unsigned, wrongly signed or stale request, saying which."""
+    """Refuse an unsigned, wrongly signed or stale request, saying which; staleness is
+    judged on `now` or `clock` (the system's)."""
     given = _header(headers, H_SIGNATURE)
     timestamp = _header(headers, H_TIMESTAMP)
     if not given:
@@ -115,7 +133,7 @@ def verify(
         sent = float(timestamp)
     except ValueError:
         raise SignatureRefused(f"{H_TIMESTAMP} is not Unix seconds: {timestamp[:40]!r}") from None
-    skew = abs((time.time() if now is None else now) - sent)
+    skew = abs(_seconds(now, clock) - sent)
     if skew > max_skew:
         raise SignatureRefused(
             f"stale request: its timestamp is {skew:.0f}s away from this clock (limit {max_skew:.0f}s)"
@@ -130,9 +148,11 @@ def verify(
 ANSWER_METHOD = "ANSWER"
 
 
-def sign_answer(secret: str, path: str, body: bytes, *, now: float | None = None) -> dict[str, str]:
+def sign_answer(
+    secret: str, path: str, body: bytes, *, now: float | None = None, clock: Clock | None = None
+) -> dict[str, str]:
     """The headers that sign the answer to a request for `path`."""
-    headers = sign(secret, ANSWER_METHOD, path, body, now=now)
+    headers = sign(secret, ANSWER_METHOD, path, body, now=now, clock=clock)
     del headers[H_KEY]
     return headers
 
@@ -145,9 +165,16 @@ def verify_answer(
     *,
     now: float | None = None,
     max_skew: float = MAX_SKEW,
+    clock: Clock | None = None,
 ) -> None:
     """Refuse an answer to a request for `path` that the other side did not sign."""
-    verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew)
+    verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew, clock=clock)
+
+
+def wants_tokens(headers: Mapping[str, str]) -> bool:
+    """Whether a poll asked for delivery tokens (`X-Roadie-Features: delivery-token`)."""
+    features = _header(headers, H_FEATURES)
+    return FEATURE_TOKENS in (part.strip().lower() for part in features.split(","))
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
@@ -283,6 +310,9 @@ class PulledCall(_Body):
     idempotency_key: str
     body: dict[str, Any]
     delivery: int = Field(description="1 the first time this call is handed out, 2 after a visibility timeout...")
+    token: str | None = Field(
+        None, description="this delivery's token, minted per hand-out; sent to polls that ask for it"
+    )
 
 
 class PullAnswer(_Body):
@@ -295,6 +325,7 @@ class AnswerPost(_Body):
     id: int
     status: int = Field(ge=100, le=599)
     body: Any = None
+    token: str | None = Field(None, description="the delivery's token, when the call came with one")
 
 
 class ErrorDetail(_Body):

@@ -24,6 +24,7 @@ from roadie import protocol
 from roadie.modules.sandbox import SandboxWorld
 from roadie.modules.sandbox import module as sandbox
 from roadie.plugin.server import ModuleServer, Reply
+from roadie.registry.module import LeaseCall, maybe_await
 
 SECRET = "conformance-test-secret"
 URL = "http://sandbox.test"
@@ -42,6 +43,7 @@ BREAKS = {
     "crash_on_bad_json": "malformed",
     "unknown_action_500": "malformed",
     "restore_noop": "lease_restore",
+    "apply_after_restore": "lease_late_apply",
 }
 KINDS = {path: kind for kind, path in protocol.CALL_PATHS.items()}
 
@@ -149,6 +151,21 @@ class Broken:
                     failures = [{"kind": r["kind"], "ref": r["ref"], "message": "no such object"} for r in missing]
                     return Reply(200, {"failures": failures})
         if kind == "lease.restore" and "restore_noop" in flags:
+            return Reply(200, {})
+        if kind == "lease.apply" and "apply_after_restore" in flags:
+            # No key ledger for leases: every apply writes the world, even one that comes
+            # after the restore of its borrow.
+            lease = self.server.module.leases[request["lease"]]
+            assert lease.write_fn is not None
+            call = LeaseCall(
+                lease=lease.name,
+                target=request.get("target"),
+                state=self.server.state,
+                clock=self.server.clock,
+                idempotency_key=request.get("idempotency_key"),
+                run_id=request.get("run_id"),
+            )
+            await maybe_await(lease.write_fn(call, request.get("value")))
             return Reply(200, {})
         return None
 

@@ -60,6 +60,7 @@ class Announced(Empty):
 
 class Accepted(Empty):
     accepted: bool
+    reason: str | None = None  # why an answer was not kept
 
 
 ANSWERS: dict[str, type[BaseModel]] = {

@@ -20,7 +20,7 @@ from roadie.engine import Engine, EngineOptions, leases
 from roadie.errors import InvalidState, StoreError
 from roadie.store import NewResource, Store
 
-HEAD = "0007"  # the newest migration
+HEAD = "0008"  # the newest migration
 
 LEASE = """
 id: borrow

@@ -272,7 +272,9 @@ def test_lease_read_apply_restore(tmp_path: Path) -> None:
         async with Served(tmp_path) as s:
 
             def lease(name: str, target: str | None = None, value: object = None) -> dict[str, object]:
-                return {"lease": name, "target": target, "run_id": 1, "idempotency_key": "lk", "value": value}
+                # A key names one borrow: each lease is borrowed under a key of its own.
+                key = f"lk-{name}"
+                return {"lease": name, "target": target, "run_id": 1, "idempotency_key": key, "value": value}
 
             read = await s.post(protocol.LEASE_READ, lease("weather", "britain"))
             assert read.status_code == 200
@@ -291,7 +293,7 @@ def test_lease_read_apply_restore(tmp_path: Path) -> None:
             untargeted = await s.post(protocol.LEASE_READ, lease("weather"))
             assert untargeted.status_code == 422
             assert untargeted.json()["error"]["field"] == "target"
-            bad = await s.post(protocol.LEASE_APPLY, lease("xp_rate", None, "fast"))
+            bad = await s.post(protocol.LEASE_APPLY, {**lease("xp_rate", None, "fast"), "idempotency_key": "lk-bad"})
             assert bad.status_code == 422
 
     run(body)

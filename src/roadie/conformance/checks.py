@@ -331,12 +331,53 @@ async def check_lease_restore(s: Session) -> str:
         now = await s.lease_read(spec.name, target, key, f"{label} read after apply")
         if now != v1:
             raise Failed(f"{label}: applied {json.dumps(v1)} but read {json.dumps(now)}")
-        await s.ok("lease.restore", s.lease_body(spec.name, target, key, v0), f"{label} restore {json.dumps(v0)}")
+        restore = s.lease_body(spec.name, target, s.new_key(f"restore-{spec.name}"), v0)
+        await s.ok("lease.restore", restore, f"{label} restore {json.dumps(v0)}")
         back = await s.lease_read(spec.name, target, key, f"{label} read after restore")
         if back != v0:
             raise Failed(f"{label}: restored {json.dumps(v0)} but read {json.dumps(back)}")
         s.borrowed.pop((spec.name, target), None)
         done.append(f"{label} {json.dumps(v0)}→{json.dumps(v1)}→{json.dumps(v0)}")
+    if not done:
+        raise Skipped("; ".join(skipped))
+    return "; ".join(done + [f"skipped {x}" for x in skipped])
+
+
+async def check_lease_late_apply(s: Session) -> str:
+    """A borrow's apply delivered again after its restore (a pulled call handed out again,
+    a slow request) must be refused, and the restored value stay (protocol §4, rule 6)."""
+    assert s.manifest is not None
+    if not s.manifest.leases:
+        raise Skipped("the manifest declares no lease")
+    done, skipped = [], []
+    for spec in s.manifest.leases:
+        target = s.options.targets.get(spec.name)
+        if spec.targeted and target is None:
+            skipped.append(f"{spec.name} (targeted: pass --target {spec.name}=TARGET)")
+            continue
+        key = s.new_key(f"late-{spec.name}")
+        label = spec.name + (f"#{target}" if target is not None else "")
+        v0 = await s.lease_read(spec.name, target, key, f"{label} read")
+        try:
+            v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
+        except Skipped as exc:
+            skipped.append(f"{label}: {exc}")
+            continue
+        s.borrowed.setdefault((spec.name, target), (key, v0))
+        await s.ok("lease.apply", s.lease_body(spec.name, target, key, v1), f"{label} apply {json.dumps(v1)}")
+        restore = s.lease_body(spec.name, target, s.new_key(f"restore-{spec.name}"), v0)
+        await s.ok("lease.restore", restore, f"{label} restore {json.dumps(v0)}")
+        status, answer = await s.ask("lease.apply", s.lease_body(spec.name, target, key, v1))
+        now = await s.lease_read(spec.name, target, s.new_key(f"check-{spec.name}"), f"{label} read after")
+        if now != v0:
+            raise Failed(
+                f"{label}: an apply delivered after its restore wrote {json.dumps(now)} over the restored "
+                f"{json.dumps(v0)} (answered {status}); keep lease keys in the key ledger"
+            )
+        if 200 <= status < 300 or protocol.retryable_status(status):
+            raise Failed(f"{label}: an apply delivered after its restore answered {status}, not a refusal (4xx)")
+        s.borrowed.pop((spec.name, target), None)
+        done.append(f"{label}: refused with {status} ({message_of(answer)[:80]})")
     if not done:
         raise Skipped("; ".join(skipped))
     return "; ".join(done + [f"skipped {x}" for x in skipped])
@@ -362,11 +403,15 @@ async def check_cleanup(s: Session) -> str:
     for (lease, target), (key, value) in list(s.borrowed.items()):
         label = lease + (f"#{target}" if target is not None else "")
         try:
-            await s.ok("lease.restore", s.lease_body(lease, target, key, value), f"cleanup restore of {label}")
+            restore = s.lease_body(lease, target, s.new_key(f"restore-{lease}"), value)
+            await s.ok("lease.restore", restore, f"cleanup restore of {label}")
             if await s.lease_read(lease, target, key, f"cleanup read of {label}") != value:
                 # Its restore is broken (the lease_restore rule says how): put the saved
-                # value back by a write, so that the world is left as it was found.
-                await s.ok("lease.apply", s.lease_body(lease, target, key, value), f"cleanup apply of {label}")
+                # value back by a write, so that the world is left as it was found. A new
+                # borrow (read, then apply): the old key's borrow was given back.
+                fix = s.new_key(f"fix-{lease}")
+                await s.lease_read(lease, target, fix, f"cleanup read of {label} before its fix")
+                await s.ok("lease.apply", s.lease_body(lease, target, fix, value), f"cleanup apply of {label}")
                 problems.append(f"{label}: restore did not give back {json.dumps(value)}; written back by apply")
             s.borrowed.pop((lease, target))
         except Failed as exc:
@@ -390,6 +435,7 @@ RULES: list[tuple[str, str, Rule]] = [
     ("signature", "unsigned, wrong, stale, tampered: 401", check_signature),
     ("malformed", "malformed requests: 4xx, not 5xx", check_malformed),
     ("lease_restore", "lease restore gives back the saved value", check_lease_restore),
+    ("lease_late_apply", "an apply after its restore is refused", check_lease_late_apply),
     ("cleanup", "everything the checks made is reverted", check_cleanup),
 ]
 RULE_NAMES = [name for name, _, _ in RULES]

@@ -52,6 +52,28 @@ CREATE TABLE IF NOT EXISTS late_resources (
     at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS late_resources_by_key ON late_resources (key, id);
+CREATE TABLE IF NOT EXISTS lease_keys (
+    key TEXT PRIMARY KEY,
+    lease TEXT NOT NULL,
+    target TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    applied_at REAL,
+    answer TEXT,
+    restored_at REAL,
+    restored_by TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS lease_keys_by_target ON lease_keys (lease, target, run_id);
+CREATE TABLE IF NOT EXISTS lease_restores (
+    key TEXT PRIMARY KEY,
+    lease TEXT NOT NULL,
+    target TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    done_at REAL,
+    answer TEXT,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS lease_restores_by_target ON lease_restores (lease, target, run_id);
 """
 
 
@@ -251,6 +273,110 @@ class KeyLedger:
     def finish_revert(self, key: str) -> None:
         with self._transaction() as db:
             db.execute("UPDATE keys SET reverts = reverts + 1, updated_at = ? WHERE key = ?", (self._now(), key))
+
+    # -- leases ------------------------------------------------------------------------
+    #
+    # A borrow is a read and an apply under the borrowing step's key; giving it back is a
+    # restore under a key of its own (one per engine ledger row), naming the same run,
+    # lease and target. A restore marks every borrow of that run and target seen so far as
+    # given back, so an apply delivered late (a queued call redelivered, a slow request)
+    # cannot write the borrowed value again over the restored one.
+
+    def seen_lease(self, key: str, lease: str, target: str | None, run_id: int) -> None:
+        """A read under `key`: the engine reads before it borrows, so every borrow's key is
+        known here before its apply, and an apply of a key never seen is a late one."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO lease_keys (key, lease, target, run_id, updated_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (key) DO NOTHING",
+                (key, lease, target or "", run_id, self._now()),
+            )
+
+    def begin_apply(self, key: str, lease: str, target: str | None, run_id: int) -> Begun:
+        """May `key` write its borrowed value? Refused once its borrow was given back (or,
+        for a key never seen, once every borrow of the run on the target was); its stored
+        answer when it was applied already; else run."""
+        where = (lease, target or "", run_id)
+        with self._transaction() as db:
+            row = db.execute("SELECT applied_at, answer, restored_by FROM lease_keys WHERE key = ?", (key,)).fetchone()
+            if row is not None and row[2] is not None:
+                given_back = f"key {key!r}: its borrow was given back ({row[2]})"
+                return Begun(refused=f"{given_back}; a late apply is not carried out")
+            if row is not None and row[0] is not None:
+                return Begun(answer=json.loads(row[1]), stored=True)
+            if row is None:
+                live = db.execute(
+                    "SELECT 1 FROM lease_keys WHERE lease = ? AND target = ? AND run_id = ? AND restored_by IS NULL",
+                    where,
+                ).fetchone()
+                given_back = db.execute(
+                    "SELECT key FROM lease_restores WHERE lease = ? AND target = ? AND run_id = ?"
+                    " ORDER BY at DESC LIMIT 1",
+                    where,
+                ).fetchone()
+                if live is None and given_back is not None:
+                    # Never read under this key (a second borrow of a target the run holds
+                    # skips the read), and nothing of the run on this target is still
+                    # borrowed: it shared a borrow that was given back, and lost the race
+                    # to its restore. Tombstoned, so its duplicates are refused the same way.
+                    db.execute(
+                        "INSERT INTO lease_keys (key, lease, target, run_id, restored_at, restored_by, updated_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (key, *where, self._now(), given_back[0], self._now()),
+                    )
+                    return Begun(
+                        refused=f"key {key!r}: the run's borrow of this target was given back ({given_back[0]});"
+                        " a late apply is not carried out"
+                    )
+                db.execute(
+                    "INSERT INTO lease_keys (key, lease, target, run_id, updated_at) VALUES (?, ?, ?, ?, ?)",
+                    (key, *where, self._now()),
+                )
+        return Begun(run=True)
+
+    def finish_apply(self, key: str, answer: Any) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE lease_keys SET applied_at = ?, answer = ?, updated_at = ?"
+                " WHERE key = ? AND restored_by IS NULL",
+                (self._now(), json.dumps(answer), self._now(), key),
+            )
+
+    def begin_restore(self, key: str, lease: str, target: str | None, run_id: int) -> Begun:
+        """Mark the run's borrows of the target given back (before the world is written,
+        so no apply slips in after it), and say whether to write: a restore already
+        carried out answers its stored answer, without writing, once a borrow of the
+        target (by any run) was applied after it — writing it again would give back a
+        value over a value someone borrowed since."""
+        where = (lease, target or "", run_id)
+        now = self._now()
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE lease_keys SET restored_at = ?, restored_by = ?, updated_at = ?"
+                " WHERE lease = ? AND target = ? AND run_id = ? AND restored_by IS NULL",
+                (now, key, now, *where),
+            )
+            row = db.execute("SELECT done_at, answer FROM lease_restores WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO lease_restores (key, lease, target, run_id, at) VALUES (?, ?, ?, ?, ?)",
+                    (key, *where, now),
+                )
+            elif row[0] is not None:
+                since = db.execute(
+                    "SELECT key FROM lease_keys WHERE lease = ? AND target = ? AND applied_at > ? LIMIT 1",
+                    (lease, target or "", row[0]),
+                ).fetchone()
+                if since is not None:
+                    return Begun(answer=json.loads(row[1]), stored=True)
+        return Begun(run=True)
+
+    def finish_restore(self, key: str, answer: Any) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE lease_restores SET done_at = ?, answer = ? WHERE key = ?",
+                (self._now(), json.dumps(answer), key),
+            )
 
     # -- late resources ----------------------------------------------------------------
 

@@ -34,9 +34,12 @@ class PullClient:
 
     `run()` announces the module's manifest once, then long-polls for up to `max_calls`
     calls at a time (holding each poll open `wait` seconds), handles them concurrently,
-    and posts each answer. Connection failures and 5xx back off exponentially from
-    `backoff` to `max_backoff` seconds, with jitter. `stop()` ends the poll; calls already
-    taken are finished and answered before `run()` returns.
+    and posts each answer. Calls of one key, or of one lease target, are never run at
+    once: each waits for the one before it in queue order (a restore must not overtake
+    the apply it gives back, nor a revert the dispatch it undoes). Connection failures
+    and 5xx back off exponentially from `backoff` to `max_backoff` seconds, with jitter.
+    `stop()` ends the poll; calls already taken are finished and answered before `run()`
+    returns.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class PullClient:
         self._stopping = False
         self._poll: asyncio.Task[Any] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lanes: dict[str, asyncio.Task[None]] = {}  # the last call taken per key or lease target
         self._announced: asyncio.Event | None = None
         self._random = random.Random()
 
@@ -120,9 +124,7 @@ class PullClient:
                     continue
                 failures = 0
                 for call in calls:
-                    task = asyncio.create_task(self._handle(call))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._start(call)
                 # Take no more than we can hold: wait while `max_calls` are in hand.
                 while len(self._tasks) >= self.max_calls and not self._stopping:
                     await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
@@ -130,6 +132,27 @@ class PullClient:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
         finally:
             await self.server.close()
+
+    def _start(self, call: protocol.PulledCall) -> None:
+        """Run `call` once the call before it in its lane has ended."""
+        lane = _lane(call)
+        before = self._lanes.get(lane)
+        task = asyncio.create_task(self._handle_after(before, call))
+        self._lanes[lane] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+        def leave(done: asyncio.Task[None]) -> None:
+            if self._lanes.get(lane) is done:
+                del self._lanes[lane]
+
+        task.add_done_callback(leave)
+
+    async def _handle_after(self, before: asyncio.Task[None] | None, call: protocol.PulledCall) -> None:
+        if before is not None:
+            # Its outcome is its own (it answers for itself); only its end matters here.
+            await asyncio.wait({before})
+        await self._handle(call)
 
     async def _announce(self) -> None:
         body = self.server.manifest().model_dump(mode="json")
@@ -153,7 +176,14 @@ class PullClient:
     async def _pull(self) -> list[protocol.PulledCall]:
         body = protocol.PullRequest(max=self.max_calls - len(self._tasks), wait=self.wait).model_dump(mode="json")
         self._poll = asyncio.create_task(
-            self.server.post(self.engine_url, protocol.PULL, body, read_timeout=self.wait + 15.0, signed_answer=True)
+            self.server.post(
+                self.engine_url,
+                protocol.PULL,
+                body,
+                read_timeout=self.wait + 15.0,
+                signed_answer=True,
+                extra_headers={protocol.H_FEATURES: protocol.FEATURE_TOKENS},
+            )
         )
         try:
             status, answer = await self._poll
@@ -176,7 +206,10 @@ class PullClient:
         await self._answer(call, reply)
 
     async def _answer(self, call: protocol.PulledCall, reply: Reply) -> None:
-        body = protocol.AnswerPost(id=call.id, status=reply.status, body=reply.body).model_dump(mode="json")
+        # The delivery's token, when the gateway gave one: the answer is kept only for the
+        # delivery in hand, and a gateway that gave none would not know the field.
+        answer_post = protocol.AnswerPost(id=call.id, status=reply.status, body=reply.body, token=call.token)
+        body = answer_post.model_dump(mode="json", exclude={"token"} if call.token is None else None)
         for attempt in range(1, 9):
             try:
                 status, answer = await self.server.post(
@@ -185,6 +218,8 @@ class PullClient:
             except RetryableError as exc:
                 status, answer = 0, exc.message
             if 200 <= status < 300:
+                if isinstance(answer, dict) and answer.get("accepted") is False:
+                    log.info("answer not taken", module=self.module.name, call=call.id, reason=answer.get("reason"))
                 return
             if status and not protocol.retryable_status(status):
                 # The gateway will not take it (the call expired, was answered already...):
@@ -212,3 +247,12 @@ class PullClient:
                 raise
         finally:
             self._poll = None
+
+
+def _lane(call: protocol.PulledCall) -> str:
+    """What must not run twice at once: a lease call's target (its apply, restore and
+    reads carry different keys), else the call's key."""
+    if call.kind.startswith("lease."):
+        lease, target = call.body.get("lease"), call.body.get("target")
+        return f"lease:{lease}#{target}" if target is not None else f"lease:{lease}"
+    return f"key:{call.idempotency_key}"

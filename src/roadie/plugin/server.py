@@ -20,12 +20,11 @@ import math
 import random
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 import httpx
 import structlog
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
@@ -33,88 +32,53 @@ from starlette.types import Receive, Scope, Send
 
 from roadie import protocol
 from roadie.clock import Clock, SystemClock
-from roadie.errors import ConfigError, PermanentError, RegistryError, RetryableError, RoadieError, StepError
+from roadie.errors import ConfigError, PermanentError, RetryableError, RoadieError, StepError
 from roadie.plugin.ledger import KeyLedger
+from roadie.plugin.wire import (
+    AnswerDropped,
+    Faults,
+    Refusal,
+    Reply,
+    build_manifest,
+    error_message,
+    first_error,
+    jsonable,
+    lease_writer,
+    parse_body,
+    refused_reply,
+    to_failure,
+    to_inspected,
+    to_resource,
+    wire_answer,
+    wire_resource,
+)
 from roadie.registry.module import (
-    Answer,
     Call,
     InspectCall,
-    Inspected,
     Lease,
     LeaseCall,
-    LeaseWriteFn,
     Module,
     ModuleConfig,
-    Resource,
     RevertCall,
-    RevertFailure,
     maybe_await,
 )
-from roadie.states import Reversible
+
+__all__ = [
+    "AnswerDropped",
+    "Faults",
+    "ModuleServer",
+    "Reply",
+    "View",
+    "build_manifest",
+    "serve_module",
+    "wire_answer",
+    "wire_resource",
+]
 
 log = structlog.get_logger(__name__)
 
 View = Callable[[Any], Any]
 """A signed GET endpoint of the server's own: given the module's state, answers JSON."""
-
-
-@dataclass(frozen=True)
-class Faults:
-    """Misbehave on purpose, for the reliability tests (`roadie sandbox serve` flags).
-
-    - `fail_first`: the first N dispatches answer a retryable 503 before acting.
-    - `lose_answers`: with this probability a dispatch's answer is dropped after the
-      dispatch was carried out and stored: push breaks the connection mid-response, pull
-      never posts it. The engine sees a lost answer; the key ledger makes the retry exact.
-    - `delay`: seconds every call waits (on the server's clock) before it is handled.
-    - `seed`: of the random stream `lose_answers` draws from.
-    """
-
-    fail_first: int = 0
-    lose_answers: float = 0.0
-    delay: float = 0.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.fail_first < 0:
-            raise ValueError("fail_first cannot be negative")
-        if not 0.0 <= self.lose_answers <= 1.0:
-            raise ValueError(f"lose_answers must be a probability, got {self.lose_answers!r}")
-        if self.delay < 0:
-            raise ValueError("delay cannot be negative")
-
-
-@dataclass
-class Reply:
-    """One call's answer: what a push server sends, and what a pull client posts back."""
-
-    status: int
-    body: Any
-    headers: dict[str, str] = field(default_factory=dict)
-    lost: bool = False  # a `lose_answers` fault: carried out and stored, never delivered
-
-
-class AnswerDropped(RoadieError):
-    """The answer was dropped on purpose (the lose-answers fault knob): the call was carried
-    out and its answer stored, and the connection was broken before the answer was sent."""
-
-
-class _Refusal(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        field: str | None = None,
-        *,
-        retryable: bool = False,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.field = field
-        self.retryable = retryable
-        self.headers = dict(headers or {})
 
 
 class ModuleServer:
@@ -227,7 +191,7 @@ class ModuleServer:
     async def handle_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Reply:
         """One HTTP request: its signature checked, then routed by method and path."""
         try:
-            protocol.verify(self._secret, method, path, headers, body, max_skew=self.max_skew)
+            protocol.verify(self._secret, method, path, headers, body, max_skew=self.max_skew, clock=self.clock)
         except protocol.SignatureRefused as exc:
             log.info("request refused", module=self.module.name, path=path, reason=exc.message)
             return Reply(401, protocol.error_body(exc.message))
@@ -251,8 +215,8 @@ class ModuleServer:
             handler = self._handlers[kind]
             reply: Reply = await handler(self, body)
             return reply
-        except _Refusal as exc:
-            return _refused(exc)
+        except Refusal as exc:
+            return refused_reply(exc)
         except StepError as exc:
             message = exc.message or type(exc).__name__
             if not exc.retryable:
@@ -272,21 +236,21 @@ class ModuleServer:
     async def _view(self, view: View) -> Reply:
         try:
             await self.open()
-            return Reply(200, _jsonable(await maybe_await(view(self.state))))
+            return Reply(200, jsonable(await maybe_await(view(self.state))))
         except Exception as exc:
             log.warning("view failed", module=self.module.name, exc_info=True)
             return Reply(500, protocol.error_body(f"{type(exc).__name__}: {exc}", retryable=True))
 
     async def _dispatch(self, body: bytes) -> Reply:
-        request = _parse(protocol.DispatchRequest, body)
+        request = parse_body(protocol.DispatchRequest, body)
         action = self.module.actions.get(request.action)
         if action is None:
-            raise _Refusal(404, f"module {self.module.name!r} has no action {request.action!r}", "action")
+            raise Refusal(404, f"module {self.module.name!r} has no action {request.action!r}", "action")
         try:
             params = action.params.model_validate(request.params)
         except ValidationError as exc:
-            message, where = _first_error(exc)
-            raise _Refusal(422, f"{action.id}: {message}", f"params.{where}" if where else "params") from None
+            message, where = first_error(exc)
+            raise Refusal(422, f"{action.id}: {message}", f"params.{where}" if where else "params") from None
         if self._failed_first < self.faults.fail_first:
             self._failed_first += 1
             raise RetryableError(f"injected failure {self._failed_first} of {self.faults.fail_first} (fail_first)")
@@ -295,9 +259,9 @@ class ModuleServer:
             async with lock:
                 begun = self.ledger.begin(key, action.name)
                 if begun.refused is not None:
-                    raise _Refusal(422, begun.refused, "idempotency_key")
+                    raise Refusal(422, begun.refused, "idempotency_key")
                 if begun.busy is not None:
-                    raise _Refusal(409, f"key {key!r} is being dispatched by another process", retryable=True)
+                    raise Refusal(409, f"key {key!r} is being dispatched by another process", retryable=True)
                 if begun.stored:
                     log.info("answer replayed", module=self.module.name, action=action.name, key=key)
                     answer = begun.answer
@@ -323,36 +287,36 @@ class ModuleServer:
         return Reply(200, answer, lost=lost)
 
     async def _revert(self, body: bytes) -> Reply:
-        request = _parse(protocol.RevertRequest, body)
+        request = parse_body(protocol.RevertRequest, body)
         action = self.module.actions.get(request.action)
         if action is None:
-            raise _Refusal(404, f"module {self.module.name!r} has no action {request.action!r}", "action")
+            raise Refusal(404, f"module {self.module.name!r} has no action {request.action!r}", "action")
         if action.revert_fn is None:
-            raise _Refusal(422, f"{action.id} is not a 'ledger' action: it has no revert", "action")
+            raise Refusal(422, f"{action.id} is not a 'ledger' action: it has no revert", "action")
         key = request.idempotency_key
         with self._held(key) as lock:
             async with lock:
                 begun = self.ledger.begin_revert(key, action.name)
                 if begun.busy is not None:
-                    raise _Refusal(409, f"key {key!r} is being dispatched by another process", retryable=True)
-                given = [_resource(r.model_dump(by_alias=True)) for r in request.resources]
+                    raise Refusal(409, f"key {key!r} is being dispatched by another process", retryable=True)
+                given = [to_resource(r.model_dump(by_alias=True)) for r in request.resources]
                 # No resources given: whatever this key produced, as its stored answer says;
                 # none stored (the action crashed midway), so the module finds it by its tags.
-                resources = given or [_resource(r) for r in begun.answer if isinstance(r, dict)]
+                resources = given or [to_resource(r) for r in begun.answer if isinstance(r, dict)]
                 call = RevertCall(
                     run_id=request.run_id, idempotency_key=key, resources=resources, state=self.state, clock=self.clock
                 )
                 result = await maybe_await(action.revert_fn(call))
                 self.ledger.finish_revert(key)
-        failures = [_failure(f) for f in result or []]
+        failures = [to_failure(f) for f in result or []]
         log.info("reverted", module=self.module.name, action=action.name, key=key, failures=len(failures))
         return Reply(200, protocol.RevertAnswer(failures=failures).model_dump(mode="json"))
 
     async def _inspect(self, body: bytes) -> Reply:
-        request = _parse(protocol.InspectRequest, body)
+        request = parse_body(protocol.InspectRequest, body)
         if self.module.inspect_fn is None:
-            raise _Refusal(404, f"module {self.module.name!r} does not answer inspect")
-        resources = [_resource(r.model_dump(by_alias=True)) for r in request.resources]
+            raise Refusal(404, f"module {self.module.name!r} does not answer inspect")
+        resources = [to_resource(r.model_dump(by_alias=True)) for r in request.resources]
         call = InspectCall(
             run_id=request.run_id,
             idempotency_key=request.idempotency_key,
@@ -365,19 +329,19 @@ class ModuleServer:
         if len(found) != len(resources):
             raise RoadieError(f"inspect answered {len(found)} entries for {len(resources)} resources")
         answer = protocol.InspectAnswer(
-            resources=[_inspected(entry, resource) for entry, resource in zip(found, resources, strict=True)]
+            resources=[to_inspected(entry, resource) for entry, resource in zip(found, resources, strict=True)]
         )
         return Reply(200, answer.model_dump(mode="json"))
 
     def _lease_call(self, body: bytes) -> tuple[protocol.LeaseRequest, Lease, LeaseCall]:
-        request = _parse(protocol.LeaseRequest, body)
+        request = parse_body(protocol.LeaseRequest, body)
         lease = self.module.leases.get(request.lease)
         if lease is None:
-            raise _Refusal(404, f"module {self.module.name!r} has no lease {request.lease!r}", "lease")
+            raise Refusal(404, f"module {self.module.name!r} has no lease {request.lease!r}", "lease")
         if lease.targeted and not request.target:
-            raise _Refusal(422, f"{lease.id} is targeted: name its target", "target")
+            raise Refusal(422, f"{lease.id} is targeted: name its target", "target")
         if not lease.targeted and request.target is not None:
-            raise _Refusal(422, f"{lease.id} is not targeted: it takes no target", "target")
+            raise Refusal(422, f"{lease.id} is not targeted: it takes no target", "target")
         call = LeaseCall(
             lease=lease.name,
             target=request.target,
@@ -389,18 +353,42 @@ class ModuleServer:
         return request, lease, call
 
     async def _lease_read(self, body: bytes) -> Reply:
-        _request, lease, call = self._lease_call(body)
+        request, lease, call = self._lease_call(body)
+        self.ledger.seen_lease(request.idempotency_key, lease.name, request.target, request.run_id)
         value = await maybe_await(lease.read_fn(call))
-        return Reply(200, protocol.LeaseValue(value=_jsonable(value)).model_dump(mode="json"))
+        return Reply(200, protocol.LeaseValue(value=jsonable(value)).model_dump(mode="json"))
 
     async def _lease_apply(self, body: bytes) -> Reply:
+        """Write a borrowed value, once per key, and never after its borrow was given back."""
         request, lease, call = self._lease_call(body)
-        await maybe_await(_writer(lease)(call, request.value))
+        key = request.idempotency_key
+        # One lease target's writes, one at a time: an apply and the restore that gives it
+        # back must not interleave between the ledger's verdict and the world's write.
+        with self._held(_target_lock(lease, request.target)) as lock:
+            async with lock:
+                begun = self.ledger.begin_apply(key, lease.name, request.target, request.run_id)
+                if begun.refused is not None:
+                    log.info("late lease apply refused", module=self.module.name, lease=lease.name, key=key)
+                    raise Refusal(422, begun.refused, "idempotency_key")
+                if begun.stored:
+                    log.info("lease apply replayed", module=self.module.name, lease=lease.name, key=key)
+                    return Reply(200, begun.answer)
+                await maybe_await(lease_writer(lease)(call, request.value))
+                self.ledger.finish_apply(key, {})
         return Reply(200, {})
 
     async def _lease_restore(self, body: bytes) -> Reply:
+        """Give a borrowed value back; from now on the borrow's late applies are refused."""
         request, lease, call = self._lease_call(body)
-        await maybe_await((lease.restore_fn or _writer(lease))(call, request.value))
+        key = request.idempotency_key
+        with self._held(_target_lock(lease, request.target)) as lock:
+            async with lock:
+                begun = self.ledger.begin_restore(key, lease.name, request.target, request.run_id)
+                if begun.stored:
+                    log.info("lease restore replayed", module=self.module.name, lease=lease.name, key=key)
+                    return Reply(200, begun.answer)
+                await maybe_await((lease.restore_fn or lease_writer(lease))(call, request.value))
+                self.ledger.finish_restore(key, {})
         return Reply(200, {})
 
     _handlers: dict[str, Callable[[ModuleServer, bytes], Any]] = {
@@ -449,7 +437,7 @@ class ModuleServer:
         status, answer = await self.post(url, protocol.REPORT, body, key=idempotency_key)
         if 200 <= status < 300:
             return protocol.ReportAnswer.model_validate(answer)
-        message = f"{self.module.name} report: HTTP {status}: {_error_message(answer)}"
+        message = f"{self.module.name} report: HTTP {status}: {error_message(answer)}"
         if protocol.retryable_status(status):
             raise RetryableError(message)
         raise PermanentError(message)
@@ -468,12 +456,14 @@ class ModuleServer:
         key: str = protocol.NO_KEY,
         read_timeout: float | None = None,
         signed_answer: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> tuple[int, Any]:
         """POST `body` to the engine, signed as this module; its status and parsed body.
         A transport failure raises RetryableError. With `signed_answer`, a 2xx answer the
         engine did not sign with this module's secret is refused (RetryableError)."""
         raw = json.dumps(body, separators=(",", ":")).encode()
-        headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name)
+        headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name, clock=self.clock)
+        headers.update(extra_headers or {})
         try:
             response = await self.http().post(
                 base_url + path,
@@ -485,7 +475,9 @@ class ModuleServer:
             raise RetryableError(f"{self.module.name}: {base_url}{path}: {type(exc).__name__}: {exc}") from exc
         if signed_answer and response.is_success:
             try:
-                protocol.verify_answer(self._secret, path, response.headers, response.content, max_skew=self.max_skew)
+                protocol.verify_answer(
+                    self._secret, path, response.headers, response.content, max_skew=self.max_skew, clock=self.clock
+                )
             except protocol.SignatureRefused as exc:
                 raise RetryableError(f"{self.module.name}: {base_url}{path} answered unsigned: {exc.message}") from exc
         try:
@@ -514,6 +506,11 @@ class ModuleServer:
         app = Starlette(routes=routes, lifespan=lifespan)
         app.state.roadie = self
         return app
+
+
+def _target_lock(lease: Lease, target: str | None) -> str:
+    """The in-process lock name of one lease target (NUL cannot start a key on the wire)."""
+    return f"\x00lease\x00{lease.name}#{target or ''}"
 
 
 class _Endpoint:
@@ -564,147 +561,3 @@ def serve_module(
         views=views,
     )
     return server.app()
-
-
-# -- manifests and answers ---------------------------------------------------------------
-
-
-def build_manifest(module: Module) -> protocol.Manifest:
-    """The manifest of `module`: its actions with their classes and parameter JSON Schemas,
-    its leases, and whether it answers inspect."""
-    actions = []
-    for action in module.actions.values():
-        if action.reversible is Reversible.OVERRIDE:
-            raise RegistryError(f"{action.id}: a remote module declares a lease, not an 'override' action")
-        try:
-            schema = action.params.model_json_schema()
-        except Exception as exc:
-            raise RegistryError(f"{action.id}: its parameters have no JSON Schema: {exc}") from exc
-        actions.append(
-            protocol.ActionSpec(
-                name=action.name, reversible=action.reversible.value, description=action.description, params=schema
-            )
-        )
-    leases = [
-        protocol.LeaseSpec(name=lease.name, targeted=lease.targeted, description=lease.description)
-        for lease in module.leases.values()
-    ]
-    return protocol.Manifest(
-        module=module.name,
-        description=module.description,
-        actions=actions,
-        leases=leases,
-        inspect=module.inspect_fn is not None,
-    )
-
-
-def wire_resource(resource: Any) -> Any:
-    """A resource as it crosses the wire: `{kind, ref, payload, memberKey}`."""
-    if isinstance(resource, Resource):
-        out: dict[str, Any] = {"kind": resource.kind, "ref": resource.ref, "payload": _jsonable(resource.payload)}
-        if resource.member_key is not None:
-            out["memberKey"] = resource.member_key
-        return out
-    if isinstance(resource, BaseModel):
-        return _jsonable(resource.model_dump(mode="json", by_alias=True, exclude_none=True))
-    if isinstance(resource, Mapping):
-        out = {str(k): v for k, v in resource.items()}
-        if "member_key" in out:
-            member_key = out.pop("member_key")
-            if member_key is not None:
-                out.setdefault("memberKey", member_key)
-        return _jsonable(out)
-    return _jsonable(resource)  # not a resource: the engine refuses it, and says why
-
-
-def wire_answer(raw: Any) -> Any:
-    """What an action returned, as `{"resources": [...], "output": ...}`. Something that is
-    not an answer is passed on as it is, so the engine refuses it as it would in-process."""
-    if raw is None:
-        return {"resources": [], "output": None}
-    if isinstance(raw, Answer):
-        resources, output = raw.resources, raw.output
-    elif isinstance(raw, list):
-        resources, output = raw, None
-    elif isinstance(raw, dict) and set(raw) <= {"resources", "output"}:
-        resources, output = raw.get("resources") or [], raw.get("output")
-    else:
-        return _jsonable(raw)
-    if not isinstance(resources, list):
-        return {"resources": _jsonable(resources), "output": _jsonable(output)}
-    return {"resources": [wire_resource(r) for r in resources], "output": _jsonable(output)}
-
-
-def _jsonable(value: Any) -> Any:
-    """`value` as JSON would carry it; what JSON cannot carry becomes its string."""
-    if is_dataclass(value) and not isinstance(value, type):
-        value = {k: getattr(value, k) for k in value.__dataclass_fields__}
-    return json.loads(json.dumps(value, default=str))
-
-
-def _resource(entry: Mapping[str, Any]) -> Resource:
-    member_key = entry.get("memberKey", entry.get("member_key"))
-    return Resource(
-        kind=str(entry.get("kind", "")),
-        ref=str(entry.get("ref", "")),
-        payload=entry.get("payload"),
-        member_key=None if member_key is None else str(member_key),
-    )
-
-
-def _failure(entry: Any) -> protocol.RevertFailureBody:
-    if isinstance(entry, RevertFailure):
-        return protocol.RevertFailureBody(kind=entry.kind, ref=entry.ref, message=entry.message)
-    if isinstance(entry, Mapping):
-        return protocol.RevertFailureBody(
-            kind=str(entry.get("kind", "")), ref=str(entry.get("ref", "")), message=str(entry.get("message", ""))
-        )
-    raise RoadieError(f"revert answered a failure that is not one: {entry!r:.80}")
-
-
-def _inspected(entry: Any, resource: Resource) -> protocol.Inspected:
-    if isinstance(entry, Inspected):
-        return protocol.Inspected(kind=entry.kind, ref=entry.ref, exists=entry.exists, ours=entry.ours)
-    if isinstance(entry, Mapping):
-        exists = bool(entry.get("exists"))
-        return protocol.Inspected(
-            kind=str(entry.get("kind", resource.kind)),
-            ref=str(entry.get("ref", resource.ref)),
-            exists=exists,
-            ours=exists and bool(entry.get("ours")),
-        )
-    raise RoadieError(f"inspect answered an entry that is not one: {entry!r:.80}")
-
-
-def _writer(lease: Lease) -> LeaseWriteFn:
-    if lease.write_fn is None:  # Module.check() refused this at construction
-        raise RoadieError(f"lease {lease.id} has no writer")
-    return lease.write_fn
-
-
-def _parse(model: type[Any], body: bytes) -> Any:
-    try:
-        json.loads(body or b"null")
-    except ValueError:
-        raise _Refusal(400, "malformed request: the body is not JSON") from None
-    try:
-        return model.model_validate_json(body or b"{}")
-    except ValidationError as exc:
-        message, where = _first_error(exc)
-        raise _Refusal(400, f"malformed request: {message}", where or None) from None
-
-
-def _first_error(exc: ValidationError) -> tuple[str, str]:
-    first = exc.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    return (f"{where}: {first['msg']}" if where else str(first["msg"])), where
-
-
-def _refused(exc: _Refusal) -> Reply:
-    return Reply(exc.status, protocol.error_body(exc.message, retryable=exc.retryable, field=exc.field), exc.headers)
-
-
-def _error_message(body: Any) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message", ""))
-    return str(body)[:200]

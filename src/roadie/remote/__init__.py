@@ -45,7 +45,7 @@ async def attach_remote_modules(
         remotes.secrets[name] = settings.secret
         remotes.settings[name] = settings
         if settings.transport == "push":
-            module = await push_module(settings, base_dir)
+            module = await push_module(settings, base_dir, clock=registry.clock)
         else:
             module = await pull_module(settings, remotes.queue, base_dir)
         registry.register(module, {})
@@ -63,7 +63,8 @@ async def pull_module(settings: RemoteSettings, queue: WorkQueue, base_dir: str)
             log.warning("pull module has not announced itself yet; it has no actions", module=settings.name)
     if manifest.module != settings.name:
         raise ConfigError(f"module {settings.name!r} announced itself as {manifest.module!r}")
-    return RemoteModule(manifest, PullTransport(settings.name, queue)).build()
+    transport = PullTransport(settings.name, queue, deadline=settings.call_timeout)
+    return RemoteModule(manifest, transport, clock=queue.clock).build()
 
 
 def refresh_pull_module(registry: Registry, remotes: Remotes, manifest: protocol.Manifest, base_dir: str) -> None:
@@ -72,7 +73,9 @@ def refresh_pull_module(registry: Registry, remotes: Remotes, manifest: protocol
     if settings is None or settings.transport != "pull":
         return
     write_cached(base_dir, manifest)
-    registry.register(RemoteModule(manifest, PullTransport(settings.name, remotes.queue)).build(), {}, replace=True)
+    transport = PullTransport(settings.name, remotes.queue, deadline=settings.call_timeout)
+    module = RemoteModule(manifest, transport, clock=remotes.queue.clock).build()
+    registry.register(module, {}, replace=True)
 
 
 __all__ = ["Remotes", "attach_remote_modules", "pull_module", "refresh_pull_module"]

@@ -10,10 +10,8 @@ the same key; any other 4xx is permanent, with the server's own message.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,16 @@ import httpx
 import structlog
 from pydantic import ValidationError
 
-from roadie.errors import AnswerLost, ConfigError, PermanentError, RegistryError, RetryableError, StepError
+from roadie.clock import Clock, SystemClock
+from roadie.errors import (
+    AnswerLost,
+    ConfigError,
+    PermanentError,
+    RegistryError,
+    RetryableError,
+    StepError,
+    StepTimeout,
+)
 from roadie.registry.module import (
     Call,
     InspectCall,
@@ -44,6 +51,11 @@ log = structlog.get_logger(__name__)
 # not make a whole cleanup `incomplete`.
 SIDE_CALL_ATTEMPTS = 4
 SIDE_CALL_BACKOFF = 0.25
+
+# How long one call may wait on a module, on the injectable clock, before its caller gets
+# a retryable StepTimeout (and a queued call is withdrawn): nothing waits on a module for
+# ever (DESIGN §11).
+CALL_TIMEOUT = 60.0
 
 
 class Transport(Protocol):
@@ -66,6 +78,7 @@ class RemoteSettings:
     secret_env = "ROADIE_SECRET_WORLD"  # or `secret = "..."`; the default is ROADIE_SECRET_<NAME>
     connect_timeout = 2.0
     read_timeout = 30.0
+    call_timeout = 60.0                 # the most one call waits on the module, in all
 
     [modules.luamod]
     transport = "pull"                  # the module polls the engine's gateway
@@ -79,6 +92,7 @@ class RemoteSettings:
     connect_timeout: float = 2.0
     read_timeout: float = 30.0
     max_connections: int = 100
+    call_timeout: float = CALL_TIMEOUT
 
     @classmethod
     def from_table(cls, name: str, table: Mapping[str, Any]) -> RemoteSettings:
@@ -96,6 +110,7 @@ class RemoteSettings:
             connect_timeout=float(table.get("connect_timeout", 2.0)),
             read_timeout=float(table.get("read_timeout", 30.0)),
             max_connections=int(table.get("max_connections", 100)),
+            call_timeout=float(table.get("call_timeout", CALL_TIMEOUT)),
         )
 
 
@@ -132,13 +147,17 @@ def _retry_after(headers: Mapping[str, str] | None) -> float | None:
 
 
 class PushTransport:
-    """Calls a module's server over HTTP, with pooled connections."""
+    """Calls a module's server over HTTP, with pooled connections. Each request is signed
+    on `clock` and given up after `settings.call_timeout` of it."""
 
-    def __init__(self, settings: RemoteSettings, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, settings: RemoteSettings, *, client: httpx.AsyncClient | None = None, clock: Clock | None = None
+    ) -> None:
         assert settings.url is not None
         self.name = settings.name
         self.mode = "push"
         self.settings = settings
+        self.clock: Clock = clock or SystemClock()
         self.client = client or httpx.AsyncClient(
             base_url=settings.url,
             timeout=httpx.Timeout(settings.read_timeout, connect=settings.connect_timeout),
@@ -150,9 +169,15 @@ class PushTransport:
 
     async def request(self, method: str, path: str, body: dict[str, Any] | None, key: str) -> tuple[int, Any]:
         raw = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
-        headers = protocol.sign(self.settings.secret, method, path, raw, key=key)
+        headers = protocol.sign(self.settings.secret, method, path, raw, key=key, clock=self.clock)
+        deadline = self.settings.call_timeout
         try:
-            response = await self.client.request(method, path, content=raw, headers=headers)
+            # httpx's own timeouts bound each phase; this bounds the whole, on the clock
+            # every other wait reads, so a server that trickles bytes cannot hold a worker.
+            async with self.clock.timeout(deadline):
+                response = await self.client.request(method, path, content=raw, headers=headers)
+        except TimeoutError as exc:
+            raise StepTimeout(f"{self.name}: no answer from {self.settings.url} within {deadline:g}s") from exc
         except httpx.ConnectError as exc:
             raise RetryableError(f"{self.name}: cannot connect to {self.settings.url}: {exc}") from exc
         except httpx.TimeoutException as exc:
@@ -202,9 +227,10 @@ def judge(name: str, kind: str, status: int, body: Any) -> Any:
 class RemoteModule:
     """Builds the `Module` a manifest describes, every function a call over `transport`."""
 
-    def __init__(self, manifest: protocol.Manifest, transport: Transport) -> None:
+    def __init__(self, manifest: protocol.Manifest, transport: Transport, *, clock: Clock | None = None) -> None:
         self.manifest = manifest
         self.transport = transport
+        self.clock: Clock = clock or SystemClock()
 
     def build(self) -> Module:
         manifest = self.manifest
@@ -235,7 +261,7 @@ class RemoteModule:
             except StepError as exc:
                 if not exc.retryable or attempt == SIDE_CALL_ATTEMPTS:
                     raise
-                await asyncio.sleep(exc.next_retry_delay or SIDE_CALL_BACKOFF * 2 ** (attempt - 1))
+                await self.clock.sleep(exc.next_retry_delay or SIDE_CALL_BACKOFF * 2 ** (attempt - 1))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _add_action(self, module: Module, spec: protocol.ActionSpec) -> None:
@@ -380,14 +406,18 @@ def _checked(manifest: protocol.Manifest, name: str) -> protocol.Manifest:
     return manifest
 
 
-async def push_module(settings: RemoteSettings, base_dir: str, *, client: httpx.AsyncClient | None = None) -> Module:
+async def push_module(
+    settings: RemoteSettings, base_dir: str, *, client: httpx.AsyncClient | None = None, clock: Clock | None = None
+) -> Module:
     """A push module: its manifest fetched from the server (and cached), else from the cache."""
-    transport = PushTransport(settings, client=client)
-    started = time.monotonic()
+    clock = clock or SystemClock()
+    transport = PushTransport(settings, client=client, clock=clock)
+    started = clock.now()
     try:
         manifest = _checked(await fetch_manifest(transport), settings.name)
         write_cached(base_dir, manifest)
-        log.debug("manifest fetched", module=settings.name, seconds=round(time.monotonic() - started, 3))
+        seconds = (clock.now() - started).total_seconds()
+        log.debug("manifest fetched", module=settings.name, seconds=round(seconds, 3))
     except (StepError, ConfigError) as exc:
         cached = read_cached(base_dir, settings.name)
         if cached is None or isinstance(exc, ConfigError):
@@ -395,4 +425,4 @@ async def push_module(settings: RemoteSettings, base_dir: str, *, client: httpx.
             raise ConfigError(f"module {settings.name!r}: no manifest: {exc.message}") from exc
         log.warning("module unreachable; using its cached manifest", module=settings.name, error=exc.message)
         manifest = _checked(cached, settings.name)
-    return RemoteModule(manifest, transport).build()
+    return RemoteModule(manifest, transport, clock=clock).build()

@@ -112,18 +112,25 @@ class Gateway:
                 idempotency_key=c.idempotency_key,
                 body=c.body,
                 delivery=c.deliveries,
+                token=c.token,
             )
             for c in taken
         ]
-        raw = protocol.PullAnswer(calls=calls).model_dump_json().encode()
+        # A module that did not ask for delivery tokens may refuse a field it does not
+        # know (the SDK's bodies forbid extras): it gets the calls as it always did.
+        tokens = protocol.wants_tokens(request.headers)
+        exclude = None if tokens else {"calls": {"__all__": {"token"}}}
+        raw = protocol.PullAnswer(calls=calls).model_dump_json(exclude=exclude).encode()
         secret = self.secrets[module]
-        return Response(raw, media_type="application/json", headers=protocol.sign_answer(secret, protocol.PULL, raw))
+        headers = protocol.sign_answer(secret, protocol.PULL, raw)
+        return Response(raw, media_type="application/json", headers=headers)
 
     async def answer(self, request: Request) -> Any:
         module, body = await self._verified(request)
         posted = self._parse(protocol.AnswerPost, body)
-        accepted = await self.queue.answer(module, posted.id, posted.status, posted.body)
-        return {"accepted": accepted}
+        taken = await self.queue.answer(module, posted.id, posted.status, posted.body, posted.token)
+        # Refused is still 200: the module did its part, and there is nothing to retry.
+        return {"accepted": True} if taken else {"accepted": False, "reason": taken.reason}
 
     async def report(self, request: Request) -> Any:
         module, body = await self._verified(request)

@@ -11,22 +11,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 
 from roadie.clock import Clock, SystemClock
+from roadie.errors import StepTimeout
 from roadie.remote import protocol
-from roadie.store.queue import QueuedCall, QueueStore
+from roadie.store.queue import AnswerTaken, QueuedCall, QueueStore
 from roadie.store.store import Store
 
 log = structlog.get_logger(__name__)
 
 
 class WorkQueue:
-    """Puts calls on the queue, hands them to pollers, and brings their answers back."""
+    """Puts calls on the queue, hands them to pollers, and brings their answers back.
+
+    A caller waits at most `deadline` seconds of `clock` (DESIGN §11): then its call is
+    withdrawn and it gets a retryable `StepTimeout`, so a module that went offline holds
+    no worker for ever.
+    """
 
     def __init__(
         self,
@@ -36,9 +42,11 @@ class WorkQueue:
         visibility: float = 30.0,
         poll_interval: float = 0.05,
         max_age: float = 3600.0,
+        deadline: float = 60.0,
     ) -> None:
         self.calls = QueueStore(store)
         self.clock = clock or SystemClock()
+        self.deadline = deadline
         self.visibility = visibility
         self.poll_interval = poll_interval
         self.max_age = max_age
@@ -50,25 +58,80 @@ class WorkQueue:
 
     # -- the caller's side ----------------------------------------------------------
 
-    async def submit(self, module: str, kind: protocol.CallKind, key: str, body: dict[str, Any]) -> tuple[int, Any]:
-        """Queue a call (or find the same call queued already) and wait for its answer.
+    async def submit(
+        self,
+        module: str,
+        kind: protocol.CallKind,
+        key: str,
+        body: dict[str, Any],
+        *,
+        deadline: float | None = None,
+    ) -> tuple[int, Any]:
+        """Queue a call (or find the same call queued already) and wait for its answer, at
+        most `deadline` seconds of the clock (the queue's own by default).
 
-        Cancelled (the step's timeout), the call stays queued: the step's retry finds it,
-        and its answer too if the module answered in the meantime.
+        When the deadline passes, or the caller is cancelled (its step's timeout, its
+        cleanup ended), the call is withdrawn: never handed out again, its late answer not
+        kept. A retry under the same key queues it afresh; an answer kept before the
+        withdrawal stays, for that retry to find. Past the deadline: `StepTimeout`.
         """
-        call_id = await self.calls.enqueue(module, kind, key, body, self.clock.now())
+        limit = self.deadline if deadline is None else deadline
+        ended = f"its caller ended waiting ({kind} {key})"
+        queued = asyncio.ensure_future(self.calls.enqueue(module, kind, key, body, self.clock.now()))
+        try:
+            call_id = await asyncio.shield(queued)
+        except asyncio.CancelledError:
+            # Cancelled while the call was being queued: it may be queued all the same.
+            await _shielded(self._withdraw_when_queued(queued, ended))
+            raise
         self._work[module].set()
         future: asyncio.Future[tuple[int, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[call_id].append(future)
         self._ensure_collector()
         try:
-            return await future
+            async with self.clock.timeout(limit):
+                return await future
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            if self._forget(call_id, future):
+                await _shielded(self._withdraw(call_id, ended))
+            raise
         finally:
-            waiters = self._waiting.get(call_id)
-            if waiters is not None and future in waiters:
-                waiters.remove(future)
-                if not waiters:
-                    del self._waiting[call_id]
+            self._forget(call_id, future)
+        # The deadline passed. Another caller of this process may still want the call.
+        reason = f"no answer within {limit:g}s"
+        if not self._waiting.get(call_id) and not await self._withdraw(call_id, reason):
+            # Answered just before the withdrawal: that answer is good, take it.
+            found = await self.calls.answers([call_id])
+            if call_id in found:
+                await self._consume([call_id])
+                return found[call_id]
+        raise StepTimeout(f"{module} {kind}: {reason}; the call is withdrawn from the queue")
+
+    def _forget(self, call_id: int, future: asyncio.Future[tuple[int, Any]]) -> bool:
+        """Stop waiting with `future`; True when no caller of this process waits for the call."""
+        waiters = self._waiting.get(call_id)
+        if waiters is not None and future in waiters:
+            waiters.remove(future)
+            if not waiters:
+                del self._waiting[call_id]
+        return not self._waiting.get(call_id)
+
+    async def _withdraw(self, call_id: int, reason: str) -> bool:
+        withdrawn = await self.calls.withdraw(call_id, self.clock.now(), reason)
+        if withdrawn:
+            log.info("queued call withdrawn", call=call_id, reason=reason)
+        return withdrawn
+
+    async def _withdraw_when_queued(self, queued: asyncio.Future[int], reason: str) -> None:
+        await self._withdraw(await queued, reason)
+
+    async def _consume(self, call_ids: list[int]) -> None:
+        try:
+            await self.calls.consume(call_ids)
+        except Exception as exc:  # consumed or not, each caller has its answer
+            log.warning("consuming answers failed", error=str(exc))
 
     def _ensure_collector(self) -> None:
         if self._collector is None or self._collector.done():
@@ -87,10 +150,7 @@ class WorkQueue:
                     if not future.done():
                         future.set_result(answer)
             if found:
-                try:
-                    await self.calls.consume(list(found))
-                except Exception as exc:  # consumed or not, each caller has its answer
-                    log.warning("consuming answers failed", error=str(exc))
+                await self._consume(list(found))
             if not self._waiting:
                 break
             self._answered.clear()
@@ -115,10 +175,15 @@ class WorkQueue:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), min(remaining, max(self.poll_interval * 4, 0.2)))
 
-    async def answer(self, module: str, call_id: int, status: int, body: Any) -> bool:
-        accepted = await self.calls.answer(module, call_id, status, body, self.clock.now())
-        self._answered.set()
-        return accepted
+    async def answer(self, module: str, call_id: int, status: int, body: Any, token: str | None = None) -> AnswerTaken:
+        """Keep an answer the module posted for the delivery `token` names (see
+        `QueueStore.answer`); a refused one says why, and no caller ever sees it."""
+        taken = await self.calls.answer(module, call_id, status, body, self.clock.now(), token)
+        if taken:
+            self._answered.set()
+        else:
+            log.info("answer refused", module=module, call=call_id, reason=taken.reason)
+        return taken
 
     async def _expire(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -138,16 +203,29 @@ class PullTransport:
 
     mode = "pull"
 
-    def __init__(self, name: str, queue: WorkQueue | Callable[[], WorkQueue]) -> None:
+    def __init__(self, name: str, queue: WorkQueue | Callable[[], WorkQueue], *, deadline: float | None = None) -> None:
         self.name = name
         self._queue = queue
+        self.deadline = deadline  # None: the queue's own
 
     @property
     def queue(self) -> WorkQueue:
         return self._queue if isinstance(self._queue, WorkQueue) else self._queue()
 
     async def call(self, kind: protocol.CallKind, body: dict[str, Any], key: str) -> tuple[int, Any]:
-        return await self.queue.submit(self.name, kind, key, body)
+        return await self.queue.submit(self.name, kind, key, body, deadline=self.deadline)
 
     async def close(self) -> None:
         return None
+
+
+async def _shielded(work: Coroutine[Any, Any, Any]) -> None:
+    """Run `work` to its end although the caller is being cancelled: a withdrawal cut
+    short would leave the call deliverable with nobody waiting for it."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        pass  # cancelled again: the task still runs; the first cancellation is re-raised
+    except Exception as exc:  # the expiry drops it in the end
+        log.warning("withdrawing a call failed", error=str(exc))

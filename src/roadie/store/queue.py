@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +32,24 @@ class QueuedCall:
     idempotency_key: str
     body: dict[str, Any]
     deliveries: int
+    token: str = ""  # this delivery's token: only an answer naming it is kept
+
+
+@dataclass(frozen=True)
+class AnswerTaken:
+    """Whether a posted answer was kept, and if not, why (for the module's log)."""
+
+    accepted: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.accepted
+
+
+def mint_delivery_token() -> str:
+    """A token for one delivery of one call: unguessable, so that no other delivery (nor
+    anyone who saw an earlier one) can name it."""
+    return secrets.token_hex(16)
 
 
 def call_hash(module: str, kind: str, key: str, body: dict[str, Any]) -> str:
@@ -63,20 +82,50 @@ class QueueStore:
             await conn.execute(dialects.insert_ignore(self.store.dialect, remote_calls).values(**values))
             found = (
                 await conn.execute(
-                    select(remote_calls.c.id).where(remote_calls.c.module == module, remote_calls.c.call_hash == digest)
+                    select(remote_calls.c.id, remote_calls.c.withdrawn_at).where(
+                        remote_calls.c.module == module, remote_calls.c.call_hash == digest
+                    )
                 )
-            ).scalar_one()
-            return int(found)
+            ).one()
+            if found.withdrawn_at is not None:
+                # An earlier caller gave up on this call; this one wants it again (a retry
+                # under the same key). It is queued afresh: a delivery handed out before the
+                # withdrawal keeps its old token, which no longer names the call.
+                await conn.execute(
+                    update(remote_calls)
+                    .where(
+                        remote_calls.c.id == found.id,
+                        remote_calls.c.withdrawn_at.is_not(None),
+                        remote_calls.c.answered_at.is_(None),
+                    )
+                    .values(
+                        withdrawn_at=None,
+                        withdrawn_reason=None,
+                        delivery_token=None,
+                        visible_at=now,
+                        created_at=now,
+                        body=body,
+                    )
+                )
+            return int(found.id)
 
         result: int = await self.store._write("enqueue_call", work)
         return result
 
     async def take(self, module: str, limit: int, now: datetime, visibility: float) -> list[QueuedCall]:
-        """Hand out up to `limit` calls that are due, hiding each for `visibility` seconds.
+        """Hand out up to `limit` calls that are due, in queue order, hiding each for
+        `visibility` seconds under a delivery token minted for this take.
 
         Two pollers never get the same call within its visibility: the rows are locked
-        and skipped (PostgreSQL, MariaDB) or the write is serialised (SQLite)."""
-        due = [remote_calls.c.module == module, remote_calls.c.answered_at.is_(None), remote_calls.c.visible_at <= now]
+        and skipped (PostgreSQL, MariaDB) or the write is serialised (SQLite). A call that
+        was answered or withdrawn in between is not handed out: each row's write is fenced
+        on both, and its row count checked."""
+        due = [
+            remote_calls.c.module == module,
+            remote_calls.c.answered_at.is_(None),
+            remote_calls.c.withdrawn_at.is_(None),
+            remote_calls.c.visible_at <= now,
+        ]
         hidden_until = now + timedelta(seconds=visibility)
 
         async def work(conn: AsyncConnection) -> list[QueuedCall]:
@@ -84,40 +133,87 @@ class QueueStore:
             if self.store.dialect != "sqlite":
                 query = query.with_for_update(skip_locked=True)
             ids = list((await conn.execute(query)).scalars())
-            if not ids:
+            tokens: dict[int, str] = {}
+            for call_id in ids:
+                token = mint_delivery_token()
+                handed = await conn.execute(
+                    update(remote_calls)
+                    .where(
+                        remote_calls.c.id == call_id,
+                        remote_calls.c.answered_at.is_(None),
+                        remote_calls.c.withdrawn_at.is_(None),
+                    )
+                    .values(visible_at=hidden_until, deliveries=remote_calls.c.deliveries + 1, delivery_token=token)
+                )
+                if handed.rowcount == 1:
+                    tokens[call_id] = token
+            if not tokens:
                 return []
-            await conn.execute(
-                update(remote_calls)
-                .where(remote_calls.c.id.in_(ids))
-                .values(visible_at=hidden_until, deliveries=remote_calls.c.deliveries + 1)
-            )
-            taken = select(remote_calls).where(remote_calls.c.id.in_(ids)).order_by(remote_calls.c.id)
+            taken = select(remote_calls).where(remote_calls.c.id.in_(list(tokens))).order_by(remote_calls.c.id)
             rows = await conn.execute(taken)
             return [
-                QueuedCall(r.id, r.module, r.kind, r.idempotency_key, dict(r.body), int(r.deliveries)) for r in rows
+                QueuedCall(r.id, r.module, r.kind, r.idempotency_key, dict(r.body), int(r.deliveries), tokens[r.id])
+                for r in rows
             ]
 
         result: list[QueuedCall] = await self.store._write("take_calls", work)
         return result
 
-    async def answer(self, module: str, call_id: int, status: int, body: Any, now: datetime) -> bool:
-        """Keep a call's answer. False when there is no such unanswered call (already
-        answered by an earlier delivery, or expired): the answer is not needed."""
+    async def answer(
+        self, module: str, call_id: int, status: int, body: Any, now: datetime, token: str | None = None
+    ) -> AnswerTaken:
+        """Keep a call's answer, if it comes from the delivery in hand.
+
+        Claim: the delivery `token` the take minted. The write names it (and that the call
+        is neither answered nor withdrawn) and its row count is checked, so the answer of
+        a delivery handed out again since, or of a call its caller gave up on, is refused
+        with the reason. An answer naming no token (a module older than delivery tokens) is
+        kept from any delivery of a call that is still wanted."""
+        fence = [
+            remote_calls.c.id == call_id,
+            remote_calls.c.module == module,
+            remote_calls.c.answered_at.is_(None),
+            remote_calls.c.withdrawn_at.is_(None),
+            remote_calls.c.delivery_token.is_not(None) if token is None else remote_calls.c.delivery_token == token,
+        ]
+
+        async def work(conn: AsyncConnection) -> AnswerTaken:
+            result = await conn.execute(
+                update(remote_calls).where(*fence).values(answered_at=now, answer_status=status, answer=body)
+            )
+            if result.rowcount == 1:
+                return AnswerTaken(True)
+            row = (
+                await conn.execute(
+                    select(remote_calls).where(remote_calls.c.id == call_id, remote_calls.c.module == module)
+                )
+            ).first()
+            return AnswerTaken(False, _refusal(row, token))
+
+        answered: AnswerTaken = await self.store._write("answer_call", work)
+        return answered
+
+    async def withdraw(self, call_id: int, now: datetime, reason: str) -> bool:
+        """Take back a call whose caller gave up on it (its deadline passed, its step or
+        cleanup ended): it is never handed out again, and no answer to it is kept.
+
+        Fenced on the call being unanswered and not withdrawn, row count checked: False
+        when an answer was kept first (then the caller may still take it)."""
 
         async def work(conn: AsyncConnection) -> bool:
             result = await conn.execute(
                 update(remote_calls)
                 .where(
                     remote_calls.c.id == call_id,
-                    remote_calls.c.module == module,
                     remote_calls.c.answered_at.is_(None),
+                    remote_calls.c.withdrawn_at.is_(None),
                 )
-                .values(answered_at=now, answer_status=status, answer=body)
+                .values(withdrawn_at=now, withdrawn_reason=reason[:255], delivery_token=None)
             )
-            return bool(result.rowcount)
+            return result.rowcount == 1
 
-        answered: bool = await self.store._write("answer_call", work)
-        return answered
+        withdrawn: bool = await self.store._write("withdraw_call", work)
+        return withdrawn
 
     async def answers(self, call_ids: Sequence[int]) -> dict[int, tuple[int, Any]]:
         """The answered calls among `call_ids`: id -> (status, body)."""
@@ -167,6 +263,7 @@ class QueueStore:
                 select(remote_calls.c.id).where(
                     remote_calls.c.module == module,
                     remote_calls.c.answered_at.is_(None),
+                    remote_calls.c.withdrawn_at.is_(None),
                     remote_calls.c.visible_at <= now,
                 )
             )
@@ -201,3 +298,18 @@ class QueueStore:
 
         result: StepRow | None = await self.store._read(work)
         return result
+
+
+def _refusal(row: Any, token: str | None) -> str:
+    """Why an answer to `row` was not kept."""
+    if row is None:
+        return "no such call: its answer was collected already, or it expired"
+    if row.answered_at is not None:
+        return "the call was answered already"
+    if row.withdrawn_at is not None:
+        return f"the call was withdrawn: {row.withdrawn_reason or 'its caller gave up'}"
+    if row.delivery_token is None:
+        return "the call was never handed out"
+    if token is not None and token != row.delivery_token:
+        return "stale delivery: the call was handed out again since, under another token"
+    return "the answer was not kept"

@@ -263,6 +263,13 @@ remote_calls = Table(
     Column("answered_at", UTCDateTime, nullable=True),
     Column("answer_status", Integer, nullable=True),
     Column("answer", JSON, nullable=True),
+    # The token of the delivery in hand, minted by each take: only an answer naming it is
+    # kept, so the answer of a delivery that was handed out again is not (DESIGN §11).
+    Column("delivery_token", String(64), nullable=True),
+    # Set when the caller gave up on the call (its deadline passed, its step or cleanup
+    # ended): a withdrawn call is never handed out again and its answer is not kept.
+    Column("withdrawn_at", UTCDateTime, nullable=True),
+    Column("withdrawn_reason", String(255), nullable=True),
     UniqueConstraint("module", "call_hash"),
     Index(None, "module", "answered_at", "visible_at"),
 )
