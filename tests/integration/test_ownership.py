@@ -357,3 +357,38 @@ phases:
         assert sorted(r.ref for r in await harness.resources(run, "thing")) == ["t-0", "t-1", "t-2"]
 
     harness.run(body)
+
+
+@pytest.mark.parametrize(("second", "expected"), [("for: 10m", 3600.0), ("for: 2h", 7200.0), ("", None)])
+def test_a_second_borrow_of_a_target_in_one_run_never_shortens_the_first(
+    harness: Harness, second: str, expected: float | None
+) -> None:
+    """Defect 8: two `core.lease`s of one target in one run share its row; the later one
+    used to overwrite the row's expiry, cutting the first borrow's time short. The row
+    keeps the later of the two (no expiry being the latest)."""
+    harness.probe.dial = 1.5
+    event = f"""
+id: twice
+cleanup: manual
+phases:
+  - name: first
+    steps:
+      - action: core.lease
+        with: {{lease: probe.dial, value: 2, for: 1h}}
+  - name: second
+    steps:
+      - action: core.lease
+        with: {{lease: probe.dial, value: 3{", " + second if second else ""}}}
+"""
+
+    async def body() -> None:
+        started = harness.clock.now()
+        run = await harness.start(event)
+        while len([s for s in await harness.steps(run) if s.status == "succeeded"]) < 2:
+            await harness.engine.tick()
+        [row] = await harness.resources(run, "override")
+        held = None if row.until is None else (row.until - started).total_seconds()
+        assert held == expected
+        assert harness.probe.dial == 3
+
+    harness.run(body)
