@@ -346,14 +346,7 @@ class DrainQueries(Connector):
                 await conn.execute(
                     update(steps)
                     .where(steps.c.id.in_(list(chunk)))
-                    .values(
-                        status=StepStatus.READY.value,
-                        claimed_by=None,
-                        claim_expires=None,
-                        claim_token=None,
-                        not_before=now,
-                        error="the worker running this step was lost; retried under the same key",
-                    )
+                    .values(**back_to_ready(now, "the worker running this step was lost"))
                 )
             fatal = {r.run_id: f"step {r.name}: {lost}" for r in exhausted if r.on_error == "fail"}
             if fatal:
@@ -431,3 +424,15 @@ def _held_until(until: datetime | None) -> Any:
         (or_(run_resources.c.until.is_(None), run_resources.c.until >= mine), run_resources.c.until),
         else_=mine,
     )
+
+
+def back_to_ready(now: datetime, why: str) -> dict[str, Any]:
+    """A running step given back: ready at once, its claim gone, retried under its key."""
+    return {
+        "status": StepStatus.READY.value,
+        "claimed_by": None,
+        "claim_expires": None,
+        "claim_token": None,
+        "not_before": now,
+        "error": f"{why}; retried under the same key",
+    }
