@@ -239,6 +239,7 @@ class Harness:
             try:
                 await body()
             finally:
+                await self.engine.close()
                 await self.store.close()
 
         asyncio.run(main())
@@ -246,6 +247,8 @@ class Harness:
     async def restart(self) -> None:
         """A fresh store and engine (a new worker) on the same files: what a restart after a
         crash sees. The write-point hook carries over, with whatever it has left armed."""
+        if self._engine is not None:
+            await self._engine.close()
         if self._store is not None:
             await self._store.close()
         self._store = await Store.open(self.database_url)

@@ -63,5 +63,6 @@ async def open_context(
     try:
         yield Context(settings, store, registry, engine, remotes)
     finally:
+        await engine.close()
         await store.close()
         await registry.close()

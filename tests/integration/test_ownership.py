@@ -8,16 +8,19 @@ work while another acts, then lets it go.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import Harness
+from tests.conftest import Harness, probe_module
 from tests.databases import Database
 from tests.integration.test_ledger_rules import one_step
 
 from roadie.engine import Engine, EngineOptions, leases
-from roadie.errors import InvalidState, StoreError
+from roadie.errors import InvalidState, PermanentError, StoreError
+from roadie.registry import Call, Module
+from roadie.states import Reversible
 from roadie.store import NewResource, Store
 
 HEAD = "0008"  # the newest migration
@@ -305,5 +308,87 @@ phases:
         assert (harness.clock.now() - started).total_seconds() <= harness.options.poll_interval * 2
         step = await harness.step(run, "pause")
         assert (step.status, step.error) == ("skipped", "run cancelled: cut short")
+
+    harness.run(body)
+
+
+def _poison_module() -> Module:
+    """`poison.fail`: refuses with a message holding a NUL byte, which PostgreSQL cannot
+    keep in a text column: the one answer in a batch that the database refuses."""
+    poison = Module("poison", "answers what the database cannot store")
+
+    @poison.action("fail", reversible=Reversible.NONE)
+    async def fail(call: Call[Any]) -> None:
+        raise PermanentError("bad\x00byte")
+
+    return poison
+
+
+def test_one_answer_the_database_refuses_does_not_send_the_batch_back(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """Defect 8: a batch whose recording keeps failing was retried whole and then given up,
+    so every good answer in it was dispatched again. Now it is recorded apart: the good
+    answers go in once, and the one the database refuses ends its step as failed."""
+    harness = make_harness(probe_module(), _poison_module())
+    steps = "\n".join(
+        f"      - {{action: probe.make, name: make{i}, with: {{answer: [{{kind: thing, ref: t-{i}}}]}}}}"
+        for i in range(3)
+    )
+    event = f"""
+id: batch
+cleanup: manual
+phases:
+  - name: only
+    steps:
+{steps}
+      - {{action: poison.fail, name: poisoned, on_error: continue}}
+"""
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        by_name = {s.name: s for s in await harness.steps(run)}
+        assert {n: (s.status, s.attempts) for n, s in by_name.items() if n != "poisoned"} == {
+            f"make{i}": ("succeeded", 1) for i in range(3)
+        }
+        assert by_name["poisoned"].status == "failed"
+        assert len(harness.probe.calls) == 3
+        assert sorted(r.ref for r in await harness.resources(run, "thing")) == ["t-0", "t-1", "t-2"]
+
+    harness.run(body)
+
+
+@pytest.mark.parametrize(("second", "expected"), [("for: 10m", 3600.0), ("for: 2h", 7200.0), ("", None)])
+def test_a_second_borrow_of_a_target_in_one_run_never_shortens_the_first(
+    harness: Harness, second: str, expected: float | None
+) -> None:
+    """Defect 8: two `core.lease`s of one target in one run share its row; the later one
+    used to overwrite the row's expiry, cutting the first borrow's time short. The row
+    keeps the later of the two (no expiry being the latest)."""
+    harness.probe.dial = 1.5
+    event = f"""
+id: twice
+cleanup: manual
+phases:
+  - name: first
+    steps:
+      - action: core.lease
+        with: {{lease: probe.dial, value: 2, for: 1h}}
+  - name: second
+    steps:
+      - action: core.lease
+        with: {{lease: probe.dial, value: 3{", " + second if second else ""}}}
+"""
+
+    async def body() -> None:
+        started = harness.clock.now()
+        run = await harness.start(event)
+        while len([s for s in await harness.steps(run) if s.status == "succeeded"]) < 2:
+            await harness.engine.tick()
+        [row] = await harness.resources(run, "override")
+        held = None if row.until is None else (row.until - started).total_seconds()
+        assert held == expected
+        assert harness.probe.dial == 3
 
     harness.run(body)

@@ -139,12 +139,16 @@ class Drain(Advance):
                         # and record them again, rather than let their claims expire and
                         # the steps run a second time.
                         failures += 1
-                        if failures >= RECORD_ATTEMPTS:
-                            raise
-                        log.warning("recording answers failed; trying again", error=exc.message, steps=len(outcomes))
-                        unrecorded = outcomes
-                        await asyncio.sleep(0.05 * failures)
-                        continue
+                        if failures < RECORD_ATTEMPTS:
+                            log.warning(
+                                "recording answers failed; trying again", error=exc.message, steps=len(outcomes)
+                            )
+                            unrecorded = outcomes
+                            await asyncio.sleep(0.05 * failures)
+                            continue
+                        # Still refused: perhaps by one answer the database cannot take. The
+                        # others must not go back to be dispatched again because of it.
+                        outcomes = await self._record_apart(outcomes)
                     unrecorded, failures = [], 0
                     for o in outcomes:
                         if o.stale:
@@ -158,6 +162,38 @@ class Drain(Advance):
                 task.cancel()
             for c in inflight.values():
                 self._inflight_ids.pop(c.step.id, None)
+
+    async def _record_apart(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Record a batch the database keeps refusing, half by half, until each answer it
+        refuses is alone: that one is recorded as its step's failure instead, without its
+        resources (its placeholder stays pending, so cleanup reverts by key what the step
+        made; a borrow keeps its saved value to give back). Answers the outcomes as
+        recorded. Raises `StoreError` when even that is refused: the database is down."""
+        if len(outcomes) == 1:
+            [o] = outcomes
+            try:
+                await self.store.record_outcomes(outcomes)
+                return outcomes
+            except StoreError as exc:
+                log.error("an answer could not be recorded", run_id=o.step.run_id, step_id=o.step.id, error=exc.message)
+                failed = Outcome(
+                    step=o.step,
+                    status=StepStatus.FAILED,
+                    at=self.clock.now(),
+                    started=o.started,
+                    error=f"its answer could not be recorded: {exc.message}"[:2000],
+                )
+                await self.store.record_outcomes([failed])
+                return [failed]
+        half = len(outcomes) // 2
+        recorded: list[Outcome] = []
+        for part in (outcomes[:half], outcomes[half:]):
+            try:
+                await self.store.record_outcomes(part)
+                recorded.extend(part)
+            except StoreError:
+                recorded.extend(await self._record_apart(part))
+        return recorded
 
     async def _cut_cancelled_waits(self, inflight: dict[asyncio.Future[Any], Claimed]) -> list[Outcome]:
         """Cut short the `core.wait`s of runs that are being cancelled: a wait has nothing

@@ -145,6 +145,14 @@ class Engine(Drain):
         while self._cleanups:
             await asyncio.wait(list(self._cleanups.values()))
 
+    async def close(self) -> None:
+        """Stop the automatic cleanups under way (their claims expire, and another worker
+        takes them over), so that none touches the store after its owner closes it."""
+        tasks = list(self._cleanups.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def clean_up(
         self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
     ) -> CleanupReport:
@@ -184,8 +192,7 @@ class Engine(Drain):
             await self._work_forever()
             await self.cleanups_done()
         finally:
-            for task in self._cleanups.values():
-                task.cancel()
+            await self.close()
             self._heart.cancel()
             self._heart = None
             released = await self.store.deregister_worker(self.worker_id, self.incarnation, self.clock.now())

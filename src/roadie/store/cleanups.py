@@ -65,15 +65,7 @@ class CleanupQueries(Connector):
                         run_resources.c.state.in_(LIVE_STATES),
                         or_(run_resources.c.claim_token.is_(None), run_resources.c.claim_token == claim.token),
                     )
-                    .values(
-                        state=ResourceState.REVERTED.value,
-                        reverted_at=now,
-                        updated_at=now,
-                        error=None,
-                        attempts=run_resources.c.attempts + 1,
-                        claim_token=None,
-                        claim_expires=None,
-                    )
+                    .values(**reverted(now))
                 )
 
         await self._write("mark_reverted", work)
@@ -235,3 +227,16 @@ async def fence_cleanup(conn: AsyncConnection, claim: CleanupClaim, now: datetim
     )
     if held.rowcount != 1:
         raise ClaimLost(f"run {claim.run_id}'s cleanup is no longer held by this cleanup")
+
+
+def reverted(now: datetime) -> dict[str, Any]:
+    """A row given back: kept for history, its target freed, its restorer's claim gone."""
+    return {
+        "state": ResourceState.REVERTED.value,
+        "reverted_at": now,
+        "updated_at": now,
+        "error": None,
+        "attempts": run_resources.c.attempts + 1,
+        "claim_token": None,
+        "claim_expires": None,
+    }

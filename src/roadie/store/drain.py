@@ -7,7 +7,10 @@ from typing import Any
 
 from sqlalchemy import (
     bindparam,
+    case,
     func,
+    null,
+    or_,
     select,
     tuple_,
     update,
@@ -243,7 +246,7 @@ class DrainQueries(Connector):
                             run_resources.c.run_id == o.step.run_id,
                             run_resources.c.state.in_(LIVE_STATES),
                         )
-                        .values(state=ResourceState.LIVE.value, until=o.lease_until, updated_at=o.at)
+                        .values(state=ResourceState.LIVE.value, until=_held_until(o.lease_until), updated_at=o.at)
                     )
             await self._end_steps(conn, current)
             fatal = {
@@ -343,14 +346,7 @@ class DrainQueries(Connector):
                 await conn.execute(
                     update(steps)
                     .where(steps.c.id.in_(list(chunk)))
-                    .values(
-                        status=StepStatus.READY.value,
-                        claimed_by=None,
-                        claim_expires=None,
-                        claim_token=None,
-                        not_before=now,
-                        error="the worker running this step was lost; retried under the same key",
-                    )
+                    .values(**back_to_ready(now, "the worker running this step was lost"))
                 )
             fatal = {r.run_id: f"step {r.name}: {lost}" for r in exhausted if r.on_error == "fail"}
             if fatal:
@@ -414,3 +410,29 @@ async def _held_steps(conn: AsyncConnection, outcomes: list[Outcome]) -> set[int
         )
         held.update(int(i) for i in (await conn.execute(query)).scalars())
     return held
+
+
+def _held_until(until: datetime | None) -> Any:
+    """A borrow's expiry as its row keeps it. The first borrow of a row sets it; a later
+    borrow of the same target by the same run (it shares the row) may only lengthen it:
+    the earlier borrow was promised its time, and no expiry at all is the longest."""
+    if until is None:
+        return null()
+    mine = bindparam(None, until, type_=run_resources.c.until.type)
+    return case(
+        (run_resources.c.state == ResourceState.PENDING.value, mine),
+        (or_(run_resources.c.until.is_(None), run_resources.c.until >= mine), run_resources.c.until),
+        else_=mine,
+    )
+
+
+def back_to_ready(now: datetime, why: str) -> dict[str, Any]:
+    """A running step given back: ready at once, its claim gone, retried under its key."""
+    return {
+        "status": StepStatus.READY.value,
+        "claimed_by": None,
+        "claim_expires": None,
+        "claim_token": None,
+        "not_before": now,
+        "error": f"{why}; retried under the same key",
+    }

@@ -19,7 +19,7 @@ from roadie.states import (
     OVERRIDE_KIND,
     ResourceState,
 )
-from roadie.store.cleanups import fence_cleanup
+from roadie.store.cleanups import fence_cleanup, reverted
 from roadie.store.connector import Connector, aware
 from roadie.store.records import CleanupClaim
 from roadie.store.rows import (
@@ -146,15 +146,7 @@ class LeaseQueries(Connector):
             changed = await conn.execute(
                 update(run_resources)
                 .where(run_resources.c.id == resource_id, run_resources.c.claim_token == token)
-                .values(
-                    state=ResourceState.REVERTED.value,
-                    reverted_at=now,
-                    updated_at=now,
-                    error=None,
-                    attempts=run_resources.c.attempts + 1,
-                    claim_token=None,
-                    claim_expires=None,
-                )
+                .values(**reverted(now))
             )
             if changed.rowcount != 1:
                 raise ClaimLost(f"lease row {resource_id} was taken over before its restore was recorded")

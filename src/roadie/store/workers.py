@@ -19,6 +19,7 @@ from roadie.states import (
     WorkerState,
 )
 from roadie.store.connector import Connector, aware, chunks
+from roadie.store.drain import back_to_ready
 from roadie.store.rows import (
     WorkerRow,
 )
@@ -109,14 +110,7 @@ class WorkerQueries(Connector):
             released = await conn.execute(
                 update(steps)
                 .where(steps.c.claim_token.like(mine), steps.c.status == StepStatus.RUNNING.value)
-                .values(
-                    status=StepStatus.READY.value,
-                    claimed_by=None,
-                    claim_expires=None,
-                    claim_token=None,
-                    not_before=now,
-                    error="the worker running this step stopped; retried under the same key",
-                )
+                .values(**back_to_ready(now, "the worker running this step stopped"))
             )
             cleanups = await conn.execute(
                 update(runs)
