@@ -19,6 +19,7 @@ import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from roadie.engine import Engine
@@ -64,6 +65,7 @@ class Slot:
     gated: Any  # the GatedStore the engine is given
     engine: Engine
     dead: bool = False
+    stopping: bool = False  # shutting down: it starts nothing more
     armed: bool = False  # the next commit of this store crashes
     crashed_at: str | None = None
     actors: list[Actor] = field(default_factory=list)
@@ -79,7 +81,11 @@ class Actor:
     slot: Slot | None
     status: str = "running"  # running | ok | crashed | cancelled | error
     error: str | None = None
-    claims: dict[int, float] = field(default_factory=dict)  # run id -> when its cleanup claim was last written
+    # Cleanups this actor holds: run id -> when its claim expires, as the database has it.
+    claims: dict[int, datetime] = field(default_factory=dict)
+    # Run id -> the actors whose claim on that run's cleanup was still good when this one took it.
+    overlapped: dict[int, set[str]] = field(default_factory=dict)
+    speed: float = 1.0  # how likely the scheduler is to release it, against the others: a slow one stalls
     task: asyncio.Task[None] | None = None
 
     @property
@@ -112,6 +118,8 @@ class Gates:
         self.seconds = seconds
         self._idle: asyncio.Future[None] | None = None
         self.crashes: list[str] = []
+        # Told of every store call that returned: (method, args, kwargs, result).
+        self.observe: Callable[[str, tuple[Any, ...], dict[str, Any], Any], None] | None = None
         self.counts: dict[str, int] = {}
 
     def actor_name(self, base: str) -> str:
@@ -241,12 +249,12 @@ class GatedStore:
             slot = self._slot_of()
             write = name if name in WRITES else None
             await gates.gate(f"{name}{describe(args)}", write)
-            actor = current.get()
-            if actor is not None and name in ("claim_cleanup", "extend_cleanup_claim"):
-                actor.claims[int(args[0])] = gates.seconds()
             gates.busy += 1
             try:
-                return await value(*args, **kwargs)
+                result = await value(*args, **kwargs)
+                if gates.observe is not None:
+                    gates.observe(name, args, kwargs, result)
+                return result
             except Crash:
                 gates.kill(slot, f"at {slot.crashed_at}")
                 raise

@@ -12,6 +12,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -30,8 +31,8 @@ from tests.sim.scheduler import Actor, Crash, GatedStore, Gates, Parked, Slot, c
 from tests.sim.world import INITIAL_SETTINGS, SimWorld, sim_module, step_of
 
 CLAIM_TTL = 60.0
-CLEANUP_TTL = CLAIM_TTL * 5  # what the engine gives a cleanup claim
-MAX_RUNS = 4
+MAX_RUNS = 6
+SPEEDS = (1.0, 1.0, 1.0, 1.0, 0.3, 0.03)
 STEPS = 200  # random scheduler steps per seed, before the end lets every run settle
 FINAL_LIMIT = 4000  # scheduler steps to let every run end and clean up after the random part
 INVARIANTS = {
@@ -117,6 +118,8 @@ class SeedResult:
         lines = [f"seed {self.seed} on {self.backend}: {len(self.violations)} violation(s)"]
         for v in self.violations:
             lines.append(f"  [{v.invariant}] at step {v.step}: {v.what}")
+        lines.append(f"  world (last {min(tail, len(self.world_log))} of {len(self.world_log)} changes):")
+        lines.extend(f"    {c}" for c in self.world_log[-tail:])
         lines.append(f"  trace (last {min(tail, len(self.trace))} of {len(self.trace)} choices):")
         lines.extend(f"    {i}: {c}" for i, c in list(enumerate(self.trace))[-tail:])
         lines.append(f"  replay: python -m tests.sim --backend {self.backend} --seed {self.seed} --trace")
@@ -150,6 +153,8 @@ class Simulation:
         self.generation = 0
         self.last_look: tuple[int, int, int] | None = None
         self.last_runs: list[Any] = []
+        self.cleanup_holder: dict[int, str] = {}  # run id -> the worker id its cleanup is claimed by
+        self.gates.observe = self.observe
 
     def seconds(self) -> float:
         return (self.clock.now() - self.start).total_seconds()
@@ -193,7 +198,11 @@ class Simulation:
     # -- the actors -------------------------------------------------------------------
 
     def spawn(self, base: str, kind: str, slot: Slot | None, work: Callable[[], Awaitable[Any]]) -> Actor:
-        return self.gates.spawn(base, kind, slot, work)
+        actor = self.gates.spawn(base, kind, slot, work)
+        # Now and then an actor is slow (a worker in a long GC pause, a stalled connection):
+        # the others overtake it, its claims expire, and it comes back as a zombie.
+        actor.speed = self.rng.choice(SPEEDS)
+        return actor
 
     def tick(self, slot: Slot) -> None:
         self.spawn(f"{slot.name}.tick", "tick", slot, slot.engine.tick)
@@ -248,8 +257,10 @@ class Simulation:
             [step] = [s for s in steps if s.idempotency_key == key]
             run = await slot.gated.get_run(run_id)
             if run.cleanup_status not in (CleanupStatus.NOT_REQUIRED.value, CleanupStatus.PENDING.value):
+                # Refused: the game server removes its summon itself (unless cleanup's
+                # revert by key found it first). That is not a revert by Roadie.
                 await world.gate(f"unsummon {ref}")
-                world.remove(ref, key)
+                world.unsummon(ref)
             else:
                 payload = {"step": step_of(key), "late": True}
                 await slot.gated.record_late_resources(step, [NewResource("obj", ref, payload)], self.clock.now())
@@ -260,6 +271,7 @@ class Simulation:
     def shutdown(self, slot: Slot) -> None:
         """A worker stopped while it held steps (a stop that did not wait, or waited too
         little): its tasks are cancelled, and it deregisters, giving back what it holds."""
+        slot.stopping = True
         for actor in slot.actors:
             if actor.task is not None and not actor.task.done():
                 actor.task.cancel()
@@ -333,22 +345,55 @@ class Simulation:
         self.last_runs = runs
         return runs
 
-    def judge_double_revert(self, ref: str) -> None:
+    def observe(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        """Follow who holds each run's cleanup, as the store's calls say, to tell a revert
+        done again by a new owner after the old one lost its claim (harmless: it cannot
+        know) from one done while two owners held the cleanup at once (DESIGN §10)."""
+        actor = current.get()
+        if actor is None:
+            return
+        if name == "claim_cleanup" and result:
+            run_id, worker, now, ttl = int(args[0]), str(args[1]), args[2], float(args[3])
+            holders = {
+                a.name
+                for a in self.gates.running()
+                if a is not actor and a.claims.get(run_id) is not None and a.claims[run_id] > now
+            }
+            if holders:
+                actor.overlapped.setdefault(run_id, set()).update(holders)
+            actor.claims[run_id] = now + timedelta(seconds=ttl)
+            self.cleanup_holder[run_id] = worker
+        elif name == "extend_cleanup_claim" and self.cleanup_holder.get(int(args[0])) == args[1]:
+            actor.claims[int(args[0])] = args[2] + timedelta(seconds=float(args[3]))
+        elif name == "heartbeat_worker":
+            worker, now, ttl = str(args[0]), args[1], float(args[2])
+            for run_id in kwargs.get("cleanup_run_ids", ()):
+                if self.cleanup_holder.get(run_id) != worker:
+                    continue
+                for a in self.gates.running():
+                    if a.slot is not None and a.slot.worker_id == worker and run_id in a.claims:
+                        a.claims[run_id] = now + timedelta(seconds=ttl)
+        elif name == "finish_cleanup":
+            actor.claims.pop(int(args[0]), None)
+            self.cleanup_holder.pop(int(args[0]), None)
+        elif name == "deregister_worker":
+            for run_id in [r for r, w in self.cleanup_holder.items() if w == args[0]]:
+                del self.cleanup_holder[run_id]
+
+    def judge_double_revert(self, seen: str) -> None:
         """An object reverted again. Harmless when whoever reverted it first died before it
-        could say so, or lost its cleanup claim: the next owner cannot know. A violation when
-        the first reverter lived on and held the cleanup (or finished it)."""
+        could say so, or had lost its claim when the second took the cleanup: the new owner
+        cannot know. A violation when the second took the cleanup while the first held it."""
+        ref, again_by = seen.split(" ")
         first = self.world.removed[ref]
         actor = next(a for a in self.gates.actors if a.name == first.actor)
-        if actor.died:
-            return
+        second = next((a for a in self.gates.actors if a.name == again_by), None)
         run_id = self.world.made[ref].run_id
-        claimed = actor.claims.get(run_id)
-        if actor.status == "running" and (claimed is None or self.seconds() >= claimed + CLEANUP_TTL):
+        if actor.died or second is None or first.actor not in second.overlapped.get(run_id, set()):
             return
         self.violate(
             "b-revert-once",
-            f"{ref} reverted by {self.actor_name()} after {first.actor} reverted it and {actor.status}"
-            " holding the cleanup",
+            f"{ref} reverted by {again_by} after {first.actor} reverted it, both holding run {run_id}'s cleanup",
         )
 
     # -- the scheduler ------------------------------------------------------------------
@@ -357,12 +402,21 @@ class Simulation:
         rng = self.rng
         out: list[Choice] = []
         parked = sorted(self.gates.parked, key=lambda p: p.label)
+        speeds = sum(p.actor.speed for p in parked)
         for p in parked:
-            out.append((60 / len(parked), f"release {p.label}", self.releaser(p)))
+            out.append((60 * p.actor.speed / speeds, f"release {p.label}", self.releaser(p)))
             if p.write and p.actor.slot is not None and not p.actor.slot.dead:
                 out.append((2.5 / len(parked), f"crash at {p.label}", self.releaser(p, crash=True)))
+        for p in parked:
+            # A staff click on a run whose cleanup this very worker is doing (the dashboard
+            # and the worker may share a worker id), or that another worker is doing.
+            slot = p.actor.slot
+            if p.actor.kind == "tick" and p.actor.claims and slot is not None and not slot.dead:
+                run_id = max(p.actor.claims, key=lambda i: p.actor.claims[i])
+                out.append((2, f"click {slot.name} run {run_id}", lambda s=slot, i=run_id: self.click(s, i, False)))
+                out.append((1, f"click web run {run_id}", lambda i=run_id: self.click(self.web, i, False)))
         for slot in self.slots:
-            if slot.dead:
+            if slot.dead or slot.stopping:
                 continue
             if slot is not self.web and not slot.running("tick"):
                 out.append((6, f"tick {slot.name}", lambda s=slot: self.tick(s)))
@@ -372,14 +426,14 @@ class Simulation:
                 out.append((0.7, f"sweep {slot.name}", lambda s=slot: self.sweep(s)))
             out.append((0.25, f"kill {slot.name}", lambda s=slot: self.gates.kill(s, "between writes")))
             if slot is not self.web:
-                out.append((0.25, f"shutdown {slot.name}", lambda s=slot: self.shutdown(s)))
+                out.append((0.4, f"shutdown {slot.name}", lambda s=slot: self.shutdown(s)))
         if len(self.runs) < MAX_RUNS:
             for name in EVENTS:
-                out.append((1.2, f"start {name}", lambda n=name: self.start_run(n)))
+                out.append((1.5, f"start {name}", lambda n=name: self.start_run(n)))
         for run in runs:
             if RunStatus(run.status).terminal:
                 slot = self.slots[rng.randrange(len(self.slots))]
-                if not slot.dead:
+                if not (slot.dead or slot.stopping):
                     again = run.cleanup_status != CleanupStatus.PENDING.value or rng.random() < 0.3
                     label = f"click {slot.name} run {run.id}{' again' if again else ''}"
                     out.append((2.5, label, lambda s=slot, i=run.id, a=again: self.click(s, i, a)))
@@ -387,7 +441,7 @@ class Simulation:
                 out.append((0.6, f"cancel run {run.id}", lambda i=run.id: self.cancel(i)))
         for key in sorted((k for k, n in self.world.summons.items() if n > 0), key=step_of):
             out.append((3, f"late {step_of(key)}", lambda k=key: self.late(k)))
-        for label, seconds in (("+5s", 5.0), ("+31s", 31.0), ("+61s", CLAIM_TTL + 1), ("+301s", CLEANUP_TTL + 1)):
+        for label, seconds in (("+5s", 5.0), ("+31s", 31.0), ("+61s", CLAIM_TTL + 1), ("+301s", CLAIM_TTL * 5 + 1)):
             weight = {"+5s": 3.0, "+31s": 1.0, "+61s": 2.0, "+301s": 0.5}[label]
             out.append((weight, f"clock {label}", lambda s=seconds: self.clock.advance(s)))
         return out

@@ -118,11 +118,16 @@ class SimWorld:
         self.removed[ref] = Removal(self.actor(), self.seconds())
         self.log.append(f"revert {ref} by {self.actor()}")
 
+    def unsummon(self, ref: str) -> None:
+        """The game server removes a summon whose report was refused."""
+        if self.objects.pop(ref, None) is not None:
+            self.log.append(f"unsummon {ref}")
+
     def double_revert(self, ref: str) -> None:
         """Reported by the simulation, which knows whether the first reverter died (a retry
         after a crash or a lost claim reverts again, harmlessly) or is alive and held it."""
         self.log.append(f"revert {ref} again by {self.actor()}")
-        self.problems.append(("b?", ref))
+        self.problems.append(("b?", f"{ref} {self.actor()}"))
 
     def write_setting(self, target: str, value: Any, writer: Writer) -> None:
         last = self.writers.get(target)
@@ -130,7 +135,7 @@ class SimWorld:
             if last is not None and last.run_id != writer.run_id:
                 self.problems.append(
                     (
-                        "d-restore-over-other",
+                        "d-restore-own-value",
                         f"restore of {target} for run {writer.run_id} wrote {value!r} over run {last.run_id}'s "
                         f"{self.settings[target]!r} ({last.how})",
                     )
