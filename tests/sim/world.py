@@ -132,7 +132,7 @@ class SimWorld:
     def write_setting(self, target: str, value: Any, writer: Writer) -> None:
         last = self.writers.get(target)
         if writer.how == "restore":
-            if last is not None and last.run_id != writer.run_id:
+            if last is not None and last.how != "restore" and last.run_id != writer.run_id:
                 self.problems.append(
                     (
                         "d-restore-own-value",
