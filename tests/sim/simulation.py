@@ -94,7 +94,7 @@ phases:
 @dataclass
 class Violation:
     invariant: str
-    step: int
+    step: int  # the index in the trace of the choice after which it was seen
     what: str
 
 
@@ -117,7 +117,7 @@ class SeedResult:
     def describe(self, tail: int = 60) -> str:
         lines = [f"seed {self.seed} on {self.backend}: {len(self.violations)} violation(s)"]
         for v in self.violations:
-            lines.append(f"  [{v.invariant}] at step {v.step}: {v.what}")
+            lines.append(f"  [{v.invariant}] after choice {v.step}: {v.what}")
         lines.append(f"  world (last {min(tail, len(self.world_log))} of {len(self.world_log)} changes):")
         lines.extend(f"    {c}" for c in self.world_log[-tail:])
         lines.append(f"  trace (last {min(tail, len(self.trace))} of {len(self.trace)} choices):")
@@ -291,7 +291,8 @@ class Simulation:
         if (invariant, what) in self.seen:
             return
         self.seen.add((invariant, what))
-        self.result.violations.append(Violation(invariant, self.step, what))
+        # Numbered by the trace: the last choice listed is the one after which it was seen.
+        self.result.violations.append(Violation(invariant, len(self.result.trace) - 1, what))
 
     async def check(self, observer: Any) -> list[Any]:
         """(a), (b), (c), (d), (f) and (g), against the database as it is now. Answers the
