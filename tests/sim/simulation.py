@@ -23,7 +23,7 @@ from roadie.definitions import load_definition
 from roadie.engine import Engine, EngineOptions, leases
 from roadie.modules.core import module as core_module
 from roadie.registry import Registry
-from roadie.states import CleanupStatus, RunStatus
+from roadie.states import CleanupStatus, RunStatus, StepStatus
 from roadie.store import NewResource, Store, dialects, tables
 from roadie.store.rows import EventRow, RunRow
 from tests.sim.databases import SeedDatabases
@@ -43,6 +43,7 @@ INVARIANTS = {
     "e-world-restored": "after every run ended and cleaned up, the world equals its start",
     "f-complete-is-clean": "a run whose cleanup is complete holds no live row",
     "g-attempt-counted": "every dispatch that reached the world counts as an attempt",
+    "h-claim-fenced": "a worker whose step claim was taken over writes no ledger rows for it",
 }
 
 EVENTS = {
@@ -153,6 +154,7 @@ class Simulation:
         self.generation = 0
         self.last_look: tuple[int, int, int] | None = None
         self.last_runs: list[Any] = []
+        self.recorded: list[tuple[int, int, str, int]] = []  # answers with rows, recorded since the last look
         self.cleanup_holder: dict[int, str] = {}  # run id -> the worker id its cleanup is claimed by
         self.gates.observe = self.observe
 
@@ -320,6 +322,28 @@ class Simulation:
                     .group_by(tables.runs.c.id)
                 )
             ).all()
+            recorded, self.recorded = self.recorded, []
+            ids = [step_id for step_id, _, _, _ in recorded]
+            now = (
+                {}
+                if not ids
+                else {
+                    row.id: row
+                    for row in await conn.execute(
+                        select(tables.steps.c.id, tables.steps.c.status, tables.steps.c.attempts).where(
+                            tables.steps.c.id.in_(ids)
+                        )
+                    )
+                }
+            )
+        for step_id, attempts, by, rows in recorded:
+            step = now[step_id]
+            if step.status != StepStatus.SUCCEEDED.value or step.attempts != attempts:
+                self.violate(
+                    "h-claim-fenced",
+                    f"{by} recorded attempt {attempts} of step {step_id} ({rows} row(s), placeholder resolved) "
+                    f"after its claim was taken over (the step is {step.status}, attempt {step.attempts})",
+                )
         live_refs = {row.ref for row in live if row.kind == "obj"}
         pending = {row.ref for row in live if row.kind == "@step" and row.state == "pending"}
         for obj in self.world.objects.values():
@@ -374,6 +398,10 @@ class Simulation:
                 for a in self.gates.running():
                     if a.slot is not None and a.slot.worker_id == worker and run_id in a.claims:
                         a.claims[run_id] = now + timedelta(seconds=ttl)
+        elif name == "record_outcomes":
+            for o in args[0]:
+                if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder):
+                    self.recorded.append((o.step.id, o.step.attempts, actor.name, len(o.resources)))
         elif name == "finish_cleanup":
             actor.claims.pop(int(args[0]), None)
             self.cleanup_holder.pop(int(args[0]), None)
