@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.sim.databases import SeedDatabases
 from tests.sim.figures import Figures
-from tests.sim.simulation import STEPS, quiet_logging, run_seed
+from tests.sim.simulation import EVENTS, STEPS, quiet_logging, run_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="run this one seed only (a replay)")
     parser.add_argument("--backend", default="sqlite", choices=["sqlite", "postgresql", "mariadb"])
     parser.add_argument("--steps", type=int, default=STEPS, help="random scheduler steps per seed")
+    parser.add_argument(
+        "--events", default=",".join(EVENTS), help=f"the events runs are started of (default {','.join(EVENTS)})"
+    )
     parser.add_argument("--trace", action="store_true", help="print each failing seed's whole trace")
     parser.add_argument("--report", type=Path, default=None, help="append the figures as a JSON line here")
     args = parser.parse_args(argv)
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         databases = SeedDatabases(args.backend, Path(home))
         try:
             for seed in seeds:
-                result = run_seed(seed, databases, args.steps)
+                result = run_seed(seed, databases, args.steps, tuple(args.events.split(",")))
                 figures.add(result)
                 if result.violations:
                     print(result.describe(tail=10**6 if args.trace else 40), file=sys.stderr)

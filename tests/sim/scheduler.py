@@ -83,6 +83,8 @@ class Actor:
     error: str | None = None
     # Cleanups this actor holds: run id -> when its claim expires, as the database has it.
     claims: dict[int, datetime] = field(default_factory=dict)
+    # Lease rows this actor took to restore as expired: row id -> when that claim runs out.
+    leases: dict[int, datetime] = field(default_factory=dict)
     # Run id -> the actors whose claim on that run's cleanup was still good when this one took it.
     overlapped: dict[int, set[str]] = field(default_factory=dict)
     speed: float = 1.0  # how likely the scheduler is to release it, against the others: a slow one stalls

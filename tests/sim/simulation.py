@@ -76,6 +76,10 @@ phases:
       - {action: core.lease, name: south, with: {lease: sim.flag, target: south, value: "{{ tag }}", for: 20s}}
       - {action: sim.make, name: rams, with: {count: 2}, retry: {attempts: 3, backoff: 1s}}
       - {action: core.lease, name: north, with: {lease: sim.flag, target: north, value: "{{ tag }}"}}
+  - name: aftermath
+    after: 15s
+    steps:
+      - {action: core.lease, name: dial, with: {lease: sim.dial, value: "{{ tag }}", for: 20s}, on_error: continue}
 """,
     "rogue": """
 id: rogue
@@ -111,6 +115,7 @@ class SeedResult:
     runs: int = 0
     world_log: list[str] = field(default_factory=list)
     actor_errors: dict[str, int] = field(default_factory=dict)
+    replay_options: str = ""
 
     def first(self, invariant: str) -> Violation | None:
         return next((v for v in self.violations if v.invariant == invariant), None)
@@ -123,7 +128,9 @@ class SeedResult:
         lines.extend(f"    {c}" for c in self.world_log[-tail:])
         lines.append(f"  trace (last {min(tail, len(self.trace))} of {len(self.trace)} choices):")
         lines.extend(f"    {i}: {c}" for i, c in list(enumerate(self.trace))[-tail:])
-        lines.append(f"  replay: python -m tests.sim --backend {self.backend} --seed {self.seed} --trace")
+        lines.append(
+            f"  replay: python -m tests.sim --backend {self.backend} --seed {self.seed}{self.replay_options} --trace"
+        )
         return "\n".join(lines)
 
 
@@ -131,8 +138,9 @@ Choice = tuple[float, str, Callable[[], Awaitable[None] | None]]
 
 
 class Simulation:
-    def __init__(self, seed: int, url: str, backend: str, steps: int) -> None:
+    def __init__(self, seed: int, url: str, backend: str, steps: int, events: tuple[str, ...] = tuple(EVENTS)) -> None:
         self.seed = seed
+        self.event_names = events
         self.url = url
         self.rng = random.Random(seed)
         self.steps = steps
@@ -365,6 +373,8 @@ class Simulation:
         for invariant, what in problems:
             if invariant == "b?":
                 self.judge_double_revert(what)
+            elif invariant == "b?lease":
+                self.judge_double_restore(what)
             else:
                 self.violate(invariant, what)
         self.last_runs = runs
@@ -402,12 +412,32 @@ class Simulation:
             for o in args[0]:
                 if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder):
                     self.recorded.append((o.step.id, o.step.attempts, actor.name, len(o.resources)))
+        elif name == "claim_expired_lease" and result:
+            actor.leases[int(args[0])] = args[1] + timedelta(seconds=float(args[2]))
         elif name == "finish_cleanup":
             actor.claims.pop(int(args[0]), None)
             self.cleanup_holder.pop(int(args[0]), None)
         elif name == "deregister_worker":
             for run_id in [r for r, w in self.cleanup_holder.items() if w == args[0]]:
                 del self.cleanup_holder[run_id]
+
+    def judge_double_restore(self, seen: str) -> None:
+        """A lease row given back twice. Harmless when the first restorer died, or its claim
+        (the sweeper's on the row, a cleanup's on the run) had run out: a violation when it
+        still held one, since the second then acted on a row another owner held."""
+        key, again_by = seen.split(" ")
+        first = next(a for a in self.gates.actors if a.name == self.world.restored[key])
+        if first.died or first is next((a for a in self.gates.actors if a.name == again_by), None):
+            return
+        run_id, row_id = (int(x) for x in key.removeprefix("restore-").split("-"))
+        now = self.clock.now()
+        swept = first.leases.get(row_id)
+        held = (swept is not None and swept > now) or (first.claims.get(run_id) or now) > now
+        if held:
+            self.violate(
+                "b-revert-once",
+                f"lease row {row_id} of run {run_id} restored by {again_by} after {first.name}, which still held it",
+            )
 
     def judge_double_revert(self, seen: str) -> None:
         """An object reverted again. Harmless when whoever reverted it first died before it
@@ -431,9 +461,13 @@ class Simulation:
         rng = self.rng
         out: list[Choice] = []
         parked = sorted(self.gates.parked, key=lambda p: p.label)
-        speeds = sum(p.actor.speed for p in parked)
+        # A lease about to be given back waits longer than the rest, and a new run that
+        # borrows it may start meanwhile: is the old value ever restored over the new one?
+        restoring = [p for p in parked if ": restore sim." in p.label]
+        speeds = {p.label: p.actor.speed * (0.2 if p in restoring else 1.0) for p in parked}
+        total = sum(speeds.values())
         for p in parked:
-            out.append((60 * p.actor.speed / speeds, f"release {p.label}", self.releaser(p)))
+            out.append((60 * speeds[p.label] / total, f"release {p.label}", self.releaser(p)))
             if p.write and p.actor.slot is not None and not p.actor.slot.dead:
                 out.append((2.5 / len(parked), f"crash at {p.label}", self.releaser(p, crash=True)))
         for p in parked:
@@ -456,8 +490,10 @@ class Simulation:
             out.append((0.25, f"kill {slot.name}", lambda s=slot: self.gates.kill(s, "between writes")))
             if slot is not self.web:
                 out.append((0.4, f"shutdown {slot.name}", lambda s=slot: self.shutdown(s)))
+        if restoring and len(self.runs) < MAX_RUNS + 2 and "raid" in self.event_names:
+            out.append((4, "start raid", lambda: self.start_run("raid")))
         if len(self.runs) < MAX_RUNS:
-            for name in EVENTS:
+            for name in self.event_names:
                 out.append((1.5, f"start {name}", lambda n=name: self.start_run(n)))
         for run in runs:
             if RunStatus(run.status).terminal:
@@ -606,12 +642,18 @@ def _settled(run: Any) -> bool:
     return run.cleanup_status in (CleanupStatus.COMPLETE.value, CleanupStatus.NOT_REQUIRED.value)
 
 
-def run_seed(seed: int, databases: SeedDatabases, steps: int = STEPS) -> SeedResult:
-    """Run one seed on a fresh database and answer what happened."""
+def run_seed(
+    seed: int, databases: SeedDatabases, steps: int = STEPS, events: tuple[str, ...] = tuple(EVENTS)
+) -> SeedResult:
+    """Run one seed on a fresh database and answer what happened. `events` limits the
+    events the scheduler may start (a replay must name the same ones)."""
 
     async def main() -> SeedResult:
         url = await databases.fresh()
-        return await Simulation(seed, url, databases.backend, steps).run(databases)
+        result = await Simulation(seed, url, databases.backend, steps, events).run(databases)
+        if events != tuple(EVENTS):
+            result.replay_options = f" --events {','.join(events)}"
+        return result
 
     return asyncio.run(main())
 

@@ -83,6 +83,7 @@ class SimWorld:
     summons: dict[str, int] = field(default_factory=dict)  # key -> late objects still to appear
     attempts: dict[str, set[int]] = field(default_factory=dict)  # key -> attempt numbers that reached the world
     removed: dict[str, Removal] = field(default_factory=dict)
+    restored: dict[str, str] = field(default_factory=dict)  # restore key -> the actor that restored first
     writers: dict[str, Writer] = field(default_factory=dict)  # lease target -> who wrote its value last
     log: list[str] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (invariant, what) seen by the world itself
@@ -238,6 +239,10 @@ def sim_module(world: SimWorld) -> Module:
         @read.restore
         async def restore(call: LeaseCall, value: Any) -> None:
             await world.gate(f"restore {target_of(call)} {call.idempotency_key}")
+            key = str(call.idempotency_key)
+            if key in world.restored:
+                world.problems.append(("b?lease", f"{key} {world.actor()}"))
+            world.restored.setdefault(key, world.actor())
             world.write_setting(target_of(call), value, Writer("restore", call.run_id))
 
     lease_fns("dial", False)
