@@ -22,7 +22,7 @@ from tests.sim.databases import SeedDatabases
 from tests.sim.figures import Figures
 from tests.sim.simulation import quiet_logging, run_seed
 
-# Seeds per backend at CI size: about 70 s on SQLite, 30-40 s on each server (2 cores).
+# Seeds per backend at CI size: about 70 s on SQLite, 25-30 s on each server (2 shared cores).
 CI_SEEDS = {"sqlite": 40, "postgresql": 8, "mariadb": 8}
 
 
