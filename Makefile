@@ -24,14 +24,20 @@ chromium:
 	@[ -x /usr/bin/chromium ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || echo "chromium missing: apt-get install -y chromium (as root) for tests/web/test_browser.py"
 
 # The crash-and-fault suite at the size docs/reliability.md reports, on every database
-# (about 45 minutes on 2 cores; it stops and starts the machine's PostgreSQL once);
+# (about 45 minutes on 2 cores; it stops and starts the machine's PostgreSQL once), then the
+# many-worker simulation (tests/sim: 10,000 seeds on SQLite, 500 on each server, several hours;
+# failing seeds with their traces go to .sim-failures.txt);
 # `make test` runs it at CI size.
 chaos: $(STAMP)
 	rm -f .chaos.jsonl
 	ROADIE_CHAOS_RESTART=1 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/chaos -m chaos \
 		--chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
 	ROADIE_REMOTE_TRIALS=5 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/remote -k exact_through
-	$(BIN)/python -m tests.chaos.figures .chaos.jsonl
+	status=0; \
+	$(BIN)/python -m tests.sim --seeds 10000 --backend sqlite --report .chaos.jsonl 2>.sim-failures.txt || status=1; \
+	$(BIN)/python -m tests.sim --seeds 500 --backend postgresql --report .chaos.jsonl 2>>.sim-failures.txt || status=1; \
+	$(BIN)/python -m tests.sim --seeds 500 --backend mariadb --report .chaos.jsonl 2>>.sim-failures.txt || status=1; \
+	$(BIN)/python -m tests.chaos.figures .chaos.jsonl; exit $$status
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -49,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .chaos.jsonl
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .chaos.jsonl .sim-failures.txt

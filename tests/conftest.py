@@ -386,6 +386,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="runs of the random-fault soak in tests/chaos (default 50, or ROADIE_SOAK_RUNS)",
     )
 
+    group.addoption(
+        "--sim-seeds",
+        type=int,
+        default=int(os.environ.get("ROADIE_SIM_SEEDS", "0")) or None,
+        help="seeds of tests/sim on SQLite (a fifth of it on each server); default its CI size, or ROADIE_SIM_SEEDS",
+    )
+
 
 @pytest.fixture
 def chaos_trials(request: pytest.FixtureRequest) -> int:

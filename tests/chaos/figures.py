@@ -86,6 +86,24 @@ def tables(lines: list[dict[str, Any]]) -> str:
                     f"| {transport} | {len(rows)} | {total['steps']} | {total['answers_lost']} "
                     f"| {total['server_kills']} | {total['retried']} | {total['attempts']} | {restored}/{len(rows)} |"
                 )
+    sims = [x for x in lines if x["suite"] == "sim"]
+    if sims:
+        invariants = sorted({k for x in sims for k in x["violations"]})
+        out += [
+            "",
+            "| simulation | seeds | runs | scheduler steps | interleavings | crashes injected | seconds | violations |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for x in sims:
+            broken = ", ".join(
+                f"{k} in {x['violations'][k]} (e.g. seed {x['example_seeds'][k][0]})"
+                for k in invariants
+                if k in x["violations"]
+            )
+            out.append(
+                f"| {x['backend']} | {x['seeds']} | {x['runs']} | {x['steps']} | {x['interleavings']} "
+                f"| {x['crashes']} | {x['seconds']:.0f} | {broken or 'none'} |"
+            )
     return "\n".join(out)
 
 

@@ -1,0 +1,663 @@
+"""One seed of the simulation: engines, a web process and a game server on one database,
+driven by a seeded scheduler, with the invariants of DESIGN §10 checked after every step.
+
+`run_seed(seed, databases)` answers a `SeedResult`: the trace of the scheduler's choices,
+the violations found (each with the step it was seen at), and figures. The same seed on
+the same backend makes the same choices, so a failing seed replays exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import func, select
+
+from roadie.clock import FakeClock
+from roadie.definitions import load_definition
+from roadie.engine import Engine, EngineOptions, leases
+from roadie.modules.core import module as core_module
+from roadie.registry import Registry
+from roadie.states import CleanupStatus, RunStatus, StepStatus
+from roadie.store import NewResource, Store, dialects, tables
+from roadie.store.rows import EventRow, RunRow
+from tests.sim.databases import SeedDatabases
+from tests.sim.scheduler import Actor, Crash, GatedStore, Gates, Parked, Slot, current
+from tests.sim.world import INITIAL_SETTINGS, SimWorld, sim_module, step_of
+
+CLAIM_TTL = 60.0
+MAX_RUNS = 6
+SPEEDS = (1.0, 1.0, 1.0, 1.0, 0.3, 0.03)
+STEPS = 200  # random scheduler steps per seed, before the end lets every run settle
+FINAL_LIMIT = 4000  # scheduler steps to let every run end and clean up after the random part
+INVARIANTS = {
+    "a-durable-first": "no world write without a durable row (a live row, or its step's pending placeholder)",
+    "b-revert-once": "no resource reverted twice, no revert of something not made",
+    "c-one-holder": "no two live rows for one target (a lease's core row and a module's override too)",
+    "d-restore-own-value": "a lease restore never writes over a value another run set after",
+    "e-world-restored": "after every run ended and cleaned up, the world equals its start",
+    "f-complete-is-clean": "a run whose cleanup is complete holds no live row",
+    "g-attempt-counted": "every dispatch that reached the world counts as an attempt",
+    "h-claim-fenced": "a worker whose step claim was taken over writes no ledger rows for it",
+}
+
+EVENTS = {
+    "raid": """
+id: raid
+title: Raid
+params: {tag: {type: str, default: x}}
+duration: 20s
+cleanup: auto
+phases:
+  - name: omens
+    steps:
+      - {action: core.lease, name: dial, with: {lease: sim.dial, value: "{{ tag }}", for: 30s}, on_error: continue}
+      - {action: sim.make, name: wave, with: {count: 2, late: 1}, retry: {attempts: 4, backoff: 1s}}
+  - name: second
+    after: 5s
+    steps:
+      - {action: core.lease, name: flag, with: {lease: sim.flag, target: north, value: "{{ tag }}"}, on_error: continue}
+      - {action: sim.make, name: loot, with: {count: 1, lost: true}, retry: {attempts: 4, backoff: 1s}}
+""",
+    "siege": """
+id: siege
+title: Siege
+params: {tag: {type: str, default: x}}
+duration: 10s
+cleanup: manual
+phases:
+  - name: walls
+    steps:
+      - {action: core.lease, name: south, with: {lease: sim.flag, target: south, value: "{{ tag }}", for: 20s}}
+      - {action: sim.make, name: rams, with: {count: 2}, retry: {attempts: 3, backoff: 1s}}
+      - {action: core.lease, name: north, with: {lease: sim.flag, target: north, value: "{{ tag }}"}}
+  - name: aftermath
+    after: 15s
+    steps:
+      - {action: core.lease, name: dial, with: {lease: sim.dial, value: "{{ tag }}", for: 20s}, on_error: continue}
+""",
+    "rogue": """
+id: rogue
+title: Rogue module
+params: {tag: {type: str, default: x}}
+duration: 10s
+cleanup: auto
+phases:
+  - name: tamper
+    steps:
+      - {action: sim.override, name: tamper, with: {value: "{{ tag }}"}, retry: {attempts: 3, backoff: 1s}}
+      - {action: sim.make, name: summoner, with: {count: 1, late: 2}, retry: {attempts: 3, backoff: 1s}}
+""",
+}
+
+
+@dataclass
+class Violation:
+    invariant: str
+    step: int  # the index in the trace of the choice after which it was seen
+    what: str
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    backend: str
+    trace: list[str] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    steps: int = 0
+    interleavings: int = 0  # releases chosen while two actors or more were parked
+    crashes: int = 0
+    runs: int = 0
+    world_log: list[str] = field(default_factory=list)
+    actor_errors: dict[str, int] = field(default_factory=dict)
+    replay_options: str = ""
+
+    def first(self, invariant: str) -> Violation | None:
+        return next((v for v in self.violations if v.invariant == invariant), None)
+
+    def describe(self, tail: int = 60) -> str:
+        lines = [f"seed {self.seed} on {self.backend}: {len(self.violations)} violation(s)"]
+        for v in self.violations:
+            lines.append(f"  [{v.invariant}] after choice {v.step}: {v.what}")
+        lines.append(f"  world (last {min(tail, len(self.world_log))} of {len(self.world_log)} changes):")
+        lines.extend(f"    {c}" for c in self.world_log[-tail:])
+        lines.append(f"  trace (last {min(tail, len(self.trace))} of {len(self.trace)} choices):")
+        lines.extend(f"    {i}: {c}" for i, c in list(enumerate(self.trace))[-tail:])
+        lines.append(
+            f"  replay: python -m tests.sim --backend {self.backend} --seed {self.seed}{self.replay_options} --trace"
+        )
+        return "\n".join(lines)
+
+
+Choice = tuple[float, str, Callable[[], Awaitable[None] | None]]
+
+
+class Simulation:
+    def __init__(self, seed: int, url: str, backend: str, steps: int, events: tuple[str, ...] = tuple(EVENTS)) -> None:
+        self.seed = seed
+        self.event_names = events
+        self.url = url
+        self.rng = random.Random(seed)
+        self.steps = steps
+        self.clock = FakeClock()
+        self.start = self.clock.now()
+        self.gates = Gates(self.seconds)
+        self.world = SimWorld(self.gates.gate, self.actor_name, self.seconds)
+        self.registry = Registry(self.clock)
+        self.registry.register(core_module)
+        self.registry.register(sim_module(self.world))
+        self.result = SeedResult(seed, backend)
+        self.slots: list[Slot] = []
+        self.dead_stores: list[Store] = []
+        self.events: dict[str, EventRow] = {}
+        self.runs: list[RunRow] = []
+        self.reporting: set[str] = set()  # late objects made and not yet reported
+        self.seen: set[tuple[str, str]] = set()
+        self.step = 0
+        self.generation = 0
+        self.last_look: tuple[int, int, int] | None = None
+        self.last_runs: list[Any] = []
+        self.recorded: list[tuple[int, int, str, int]] = []  # answers with rows, recorded since the last look
+        self.cleanup_holder: dict[int, str] = {}  # run id -> the worker id its cleanup is claimed by
+        self.gates.observe = self.observe
+
+    def seconds(self) -> float:
+        return (self.clock.now() - self.start).total_seconds()
+
+    def actor_name(self) -> str:
+        actor = current.get()
+        return actor.name if actor is not None else "scheduler"
+
+    # -- engines ---------------------------------------------------------------------
+
+    async def new_slot(self, name: str, worker_id: str) -> Slot:
+        store = await Store.open(self.url, migrate_schema=False)
+        holder: list[Slot] = []
+        gated = GatedStore(self.gates, lambda: holder[0], store)
+        options = EngineOptions(concurrency=4, claim_ttl=CLAIM_TTL, seed=self.seed * 1000 + len(self.slots))
+        engine = Engine(gated, self.registry, clock=self.clock, worker_id=worker_id, options=options)  # type: ignore[arg-type]
+        slot = Slot(name, worker_id, store, gated, engine)
+        holder.append(slot)
+
+        def write_point(point: str) -> None:
+            if slot.armed:
+                slot.armed = False
+                slot.crashed_at = point
+                raise Crash(point)
+
+        store.write_point = write_point
+        return slot
+
+    async def replace(self, slot: Slot) -> None:
+        """A dead worker's process is started again: the same worker id, or a new one."""
+        self.generation += 1
+        worker_id = slot.worker_id if self.rng.random() < 0.5 else f"{slot.name}.g{self.generation}"
+        fresh = await self.new_slot(slot.name, worker_id)
+        self.slots[self.slots.index(slot)] = fresh
+        self.dead_stores.append(slot.store)
+
+    @property
+    def web(self) -> Slot:
+        return self.slots[-1]
+
+    # -- the actors -------------------------------------------------------------------
+
+    def spawn(self, base: str, kind: str, slot: Slot | None, work: Callable[[], Awaitable[Any]]) -> Actor:
+        actor = self.gates.spawn(base, kind, slot, work)
+        # Now and then an actor is slow (a worker in a long GC pause, a stalled connection):
+        # the others overtake it, its claims expire, and it comes back as a zombie.
+        actor.speed = self.rng.choice(SPEEDS)
+        return actor
+
+    def tick(self, slot: Slot) -> None:
+        self.spawn(f"{slot.name}.tick", "tick", slot, slot.engine.tick)
+
+    def heartbeat(self, slot: Slot) -> None:
+        self.spawn(f"{slot.name}.beat", "beat", slot, slot.engine.heartbeat)
+
+    def sweep(self, slot: Slot) -> None:
+        async def work() -> None:
+            await leases.sweep_expired(slot.gated, self.registry, self.clock, CLAIM_TTL)  # type: ignore[arg-type]
+
+        self.spawn(f"{slot.name}.sweep", "sweep", slot, work)
+
+    def click(self, slot: Slot, run_id: int, again: bool) -> None:
+        async def work() -> None:
+            await slot.engine.clean_up(run_id, actor="staff", again=again)
+
+        self.spawn(f"{slot.name}.click", "click", slot, work)
+
+    def cancel(self, run_id: int) -> None:
+        async def work() -> None:
+            await self.web.engine.cancel_run(run_id, actor="staff")
+
+        self.spawn("web.cancel", "cancel", self.web, work)
+
+    def start_run(self, event: str) -> None:
+        async def work() -> None:
+            tag = f"r{len(self.runs) + 1}"
+            run = await self.web.engine.start_run(self.events[event], {"tag": tag}, actor="staff")
+            self.runs.append(run)
+
+        self.runs.append(None)  # type: ignore[arg-type]  # a place held, so MAX_RUNS holds
+        self.spawn("web.start", "start", self.web, work)
+
+    def late(self, key: str, ref: str | None = None) -> None:
+        """The game server reports what a step's effect made by itself, as the gateway
+        takes it: refused once the run's cleanup has begun or ended (the module then
+        removes the object itself)."""
+        world, slot = self.world, self.web
+        if ref is None:
+            world.summons[key] -= 1
+
+        async def work() -> None:
+            nonlocal ref
+            if ref is None:
+                await world.gate(f"summon by {step_of(key)}")
+                [obj] = world.make(key, 1, late=True)
+                ref = obj.ref
+                self.reporting.add(ref)
+            run_id = world.made[ref].run_id
+            steps = await slot.gated.list_steps(run_id)
+            [step] = [s for s in steps if s.idempotency_key == key]
+            run = await slot.gated.get_run(run_id)
+            if run.cleanup_status not in (CleanupStatus.NOT_REQUIRED.value, CleanupStatus.PENDING.value):
+                # Refused: the game server removes its summon itself (unless cleanup's
+                # revert by key found it first). That is not a revert by Roadie.
+                await world.gate(f"unsummon {ref}")
+                world.unsummon(ref)
+            else:
+                payload = {"step": step_of(key), "late": True}
+                await slot.gated.record_late_resources(step, [NewResource("obj", ref, payload)], self.clock.now())
+            self.reporting.discard(ref)
+
+        self.spawn("web.late", "late", slot, work)
+
+    def shutdown(self, slot: Slot) -> None:
+        """A worker stopped while it held steps (a stop that did not wait, or waited too
+        little): its tasks are cancelled, and it deregisters, giving back what it holds."""
+        slot.stopping = True
+        for actor in slot.actors:
+            if actor.task is not None and not actor.task.done():
+                actor.task.cancel()
+        for parked in list(self.gates.parked):
+            if parked.actor.slot is slot:
+                parked.future.cancel()
+
+        async def work() -> None:
+            await slot.gated.deregister_worker(slot.worker_id, self.clock.now())
+            slot.dead = True
+
+        self.spawn(f"{slot.name}.deregister", "deregister", slot, work)
+
+    # -- the invariants -----------------------------------------------------------------
+
+    def violate(self, invariant: str, what: str) -> None:
+        if (invariant, what) in self.seen:
+            return
+        self.seen.add((invariant, what))
+        # Numbered by the trace: the last choice listed is the one after which it was seen.
+        self.result.violations.append(Violation(invariant, len(self.result.trace) - 1, what))
+
+    async def check(self, observer: Any) -> list[Any]:
+        """(a), (b), (c), (d), (f) and (g), against the database as it is now. Answers the
+        runs as they are, for the scheduler's next choice. Nothing is read again while nothing
+        was written (in the database or in the world) since the last look."""
+        changed = (self.gates.writes, len(self.world.log), len(self.world.problems))
+        if changed == self.last_look:
+            return self.last_runs
+        self.last_look = changed
+        r = tables.run_resources
+        async with observer.connect() as conn:
+            runs = list((await conn.execute(select(tables.runs).order_by(tables.runs.c.id))).all())
+            live = (
+                await conn.execute(
+                    select(r.c.run_id, r.c.owner, r.c.kind, r.c.ref, r.c.state).where(r.c.state.in_(tables.LIVE_STATES))
+                )
+            ).all()
+            complete_dirty = (
+                await conn.execute(
+                    select(tables.runs.c.id, func.count())
+                    .join(r, r.c.run_id == tables.runs.c.id)
+                    .where(
+                        tables.runs.c.cleanup_status == CleanupStatus.COMPLETE.value, r.c.state.in_(tables.LIVE_STATES)
+                    )
+                    .group_by(tables.runs.c.id)
+                )
+            ).all()
+            recorded, self.recorded = self.recorded, []
+            ids = [step_id for step_id, _, _, _ in recorded]
+            now = (
+                {}
+                if not ids
+                else {
+                    row.id: row
+                    for row in await conn.execute(
+                        select(tables.steps.c.id, tables.steps.c.status, tables.steps.c.attempts).where(
+                            tables.steps.c.id.in_(ids)
+                        )
+                    )
+                }
+            )
+        for step_id, attempts, by, rows in recorded:
+            step = now[step_id]
+            if step.status != StepStatus.SUCCEEDED.value or step.attempts != attempts:
+                self.violate(
+                    "h-claim-fenced",
+                    f"{by} recorded attempt {attempts} of step {step_id} ({rows} row(s), placeholder resolved) "
+                    f"after its claim was taken over (the step is {step.status}, attempt {step.attempts})",
+                )
+        live_refs = {row.ref for row in live if row.kind == "obj"}
+        pending = {row.ref for row in live if row.kind == "@step" and row.state == "pending"}
+        for obj in self.world.objects.values():
+            if obj.ref in live_refs or obj.key in pending or obj.ref in self.reporting:
+                continue
+            self.violate(
+                "a-durable-first", f"{obj.ref} made by {step_of(obj.key)} has no live row or pending placeholder"
+            )
+        overrides: dict[str, list[str]] = {}
+        for row in live:
+            if row.kind == "override":
+                overrides.setdefault(row.ref, []).append(f"{row.owner} for run {row.run_id}")
+        for ref, holders in overrides.items():
+            if len(holders) > 1:
+                self.violate("c-one-holder", f"{ref} has {len(holders)} live rows: {', '.join(sorted(holders))}")
+        for run_id, count in complete_dirty:
+            self.violate("f-complete-is-clean", f"run {run_id}'s cleanup is complete with {count} live row(s)")
+        problems, self.world.problems = self.world.problems, []
+        for invariant, what in problems:
+            if invariant == "b?":
+                self.judge_double_revert(what)
+            elif invariant == "b?lease":
+                self.judge_double_restore(what)
+            else:
+                self.violate(invariant, what)
+        self.last_runs = runs
+        return runs
+
+    def observe(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        """Follow who holds each run's cleanup, as the store's calls say, to tell a revert
+        done again by a new owner after the old one lost its claim (harmless: it cannot
+        know) from one done while two owners held the cleanup at once (DESIGN §10)."""
+        actor = current.get()
+        if actor is None:
+            return
+        if name == "claim_cleanup" and result:
+            run_id, worker, now, ttl = int(args[0]), str(args[1]), args[2], float(args[3])
+            holders = {
+                a.name
+                for a in self.gates.running()
+                if a is not actor and a.claims.get(run_id) is not None and a.claims[run_id] > now
+            }
+            if holders:
+                actor.overlapped.setdefault(run_id, set()).update(holders)
+            actor.claims[run_id] = now + timedelta(seconds=ttl)
+            self.cleanup_holder[run_id] = worker
+        elif name == "extend_cleanup_claim" and self.cleanup_holder.get(int(args[0])) == args[1]:
+            actor.claims[int(args[0])] = args[2] + timedelta(seconds=float(args[3]))
+        elif name == "heartbeat_worker":
+            worker, now, ttl = str(args[0]), args[1], float(args[2])
+            for run_id in kwargs.get("cleanup_run_ids", ()):
+                if self.cleanup_holder.get(run_id) != worker:
+                    continue
+                for a in self.gates.running():
+                    if a.slot is not None and a.slot.worker_id == worker and run_id in a.claims:
+                        a.claims[run_id] = now + timedelta(seconds=ttl)
+        elif name == "record_outcomes":
+            for o in args[0]:
+                if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder):
+                    self.recorded.append((o.step.id, o.step.attempts, actor.name, len(o.resources)))
+        elif name == "claim_expired_lease" and result:
+            actor.leases[int(args[0])] = args[1] + timedelta(seconds=float(args[2]))
+        elif name == "finish_cleanup":
+            actor.claims.pop(int(args[0]), None)
+            self.cleanup_holder.pop(int(args[0]), None)
+        elif name == "deregister_worker":
+            for run_id in [r for r, w in self.cleanup_holder.items() if w == args[0]]:
+                del self.cleanup_holder[run_id]
+
+    def judge_double_restore(self, seen: str) -> None:
+        """A lease row given back twice. Harmless when the first restorer died, or its claim
+        (the sweeper's on the row, a cleanup's on the run) had run out: a violation when it
+        still held one, since the second then acted on a row another owner held."""
+        key, again_by = seen.split(" ")
+        first = next(a for a in self.gates.actors if a.name == self.world.restored[key])
+        if first.died or first is next((a for a in self.gates.actors if a.name == again_by), None):
+            return
+        run_id, row_id = (int(x) for x in key.removeprefix("restore-").split("-"))
+        now = self.clock.now()
+        swept = first.leases.get(row_id)
+        held = (swept is not None and swept > now) or (first.claims.get(run_id) or now) > now
+        if held:
+            self.violate(
+                "b-revert-once",
+                f"lease row {row_id} of run {run_id} restored by {again_by} after {first.name}, which still held it",
+            )
+
+    def judge_double_revert(self, seen: str) -> None:
+        """An object reverted again. Harmless when whoever reverted it first died before it
+        could say so, or had lost its claim when the second took the cleanup: the new owner
+        cannot know. A violation when the second took the cleanup while the first held it."""
+        ref, again_by = seen.split(" ")
+        first = self.world.removed[ref]
+        actor = next(a for a in self.gates.actors if a.name == first.actor)
+        second = next((a for a in self.gates.actors if a.name == again_by), None)
+        run_id = self.world.made[ref].run_id
+        if actor.died or second is None or first.actor not in second.overlapped.get(run_id, set()):
+            return
+        self.violate(
+            "b-revert-once",
+            f"{ref} reverted by {again_by} after {first.actor} reverted it, both holding run {run_id}'s cleanup",
+        )
+
+    # -- the scheduler ------------------------------------------------------------------
+
+    def choices(self, runs: list[Any]) -> list[Choice]:
+        rng = self.rng
+        out: list[Choice] = []
+        parked = sorted(self.gates.parked, key=lambda p: p.label)
+        # A lease about to be given back waits longer than the rest, and a new run that
+        # borrows it may start meanwhile: is the old value ever restored over the new one?
+        restoring = [p for p in parked if ": restore sim." in p.label]
+        speeds = {p.label: p.actor.speed * (0.2 if p in restoring else 1.0) for p in parked}
+        total = sum(speeds.values())
+        for p in parked:
+            out.append((60 * speeds[p.label] / total, f"release {p.label}", self.releaser(p)))
+            if p.write and p.actor.slot is not None and not p.actor.slot.dead:
+                out.append((2.5 / len(parked), f"crash at {p.label}", self.releaser(p, crash=True)))
+        for p in parked:
+            # A staff click on a run whose cleanup this very worker is doing (the dashboard
+            # and the worker may share a worker id), or that another worker is doing.
+            slot = p.actor.slot
+            if p.actor.kind == "tick" and p.actor.claims and slot is not None and not slot.dead:
+                run_id = max(p.actor.claims, key=lambda i: p.actor.claims[i])
+                out.append((2, f"click {slot.name} run {run_id}", lambda s=slot, i=run_id: self.click(s, i, False)))
+                out.append((1, f"click web run {run_id}", lambda i=run_id: self.click(self.web, i, False)))
+        for slot in self.slots:
+            if slot.dead or slot.stopping:
+                continue
+            if slot is not self.web and not slot.running("tick"):
+                out.append((6, f"tick {slot.name}", lambda s=slot: self.tick(s)))
+            if slot is not self.web and not slot.running("beat"):
+                out.append((1, f"heartbeat {slot.name}", lambda s=slot: self.heartbeat(s)))
+            if not slot.running("sweep"):
+                out.append((0.7, f"sweep {slot.name}", lambda s=slot: self.sweep(s)))
+            out.append((0.25, f"kill {slot.name}", lambda s=slot: self.gates.kill(s, "between writes")))
+            if slot is not self.web:
+                out.append((0.4, f"shutdown {slot.name}", lambda s=slot: self.shutdown(s)))
+        if restoring and len(self.runs) < MAX_RUNS + 2 and "raid" in self.event_names:
+            out.append((4, "start raid", lambda: self.start_run("raid")))
+        if len(self.runs) < MAX_RUNS:
+            for name in self.event_names:
+                out.append((1.5, f"start {name}", lambda n=name: self.start_run(n)))
+        for run in runs:
+            if RunStatus(run.status).terminal:
+                slot = self.slots[rng.randrange(len(self.slots))]
+                if not (slot.dead or slot.stopping):
+                    again = run.cleanup_status != CleanupStatus.PENDING.value or rng.random() < 0.3
+                    label = f"click {slot.name} run {run.id}{' again' if again else ''}"
+                    out.append((2.5, label, lambda s=slot, i=run.id, a=again: self.click(s, i, a)))
+            elif not run.cancel_requested:
+                out.append((0.6, f"cancel run {run.id}", lambda i=run.id: self.cancel(i)))
+        for key in sorted((k for k, n in self.world.summons.items() if n > 0), key=step_of):
+            out.append((3, f"late {step_of(key)}", lambda k=key: self.late(k)))
+        for label, seconds in (("+5s", 5.0), ("+31s", 31.0), ("+61s", CLAIM_TTL + 1), ("+301s", CLAIM_TTL * 5 + 1)):
+            weight = {"+5s": 3.0, "+31s": 1.0, "+61s": 2.0, "+301s": 0.5}[label]
+            out.append((weight, f"clock {label}", lambda s=seconds: self.clock.advance(s)))
+        return out
+
+    def releaser(self, parked: Parked, *, crash: bool = False) -> Callable[[], None]:
+        def release() -> None:
+            if len(self.gates.parked) > 1:
+                self.result.interleavings += 1
+            self.gates.release(parked, crash=crash)
+
+        return release
+
+    async def act(self, label: str, action: Callable[[], Awaitable[None] | None]) -> None:
+        self.result.trace.append(label)
+        done = action()
+        if done is not None:
+            await done
+
+    async def settle_step(self, runs: list[Any]) -> bool:
+        """One step of the end: no more crashes, runs or cancels; release, report, tick,
+        let time pass and click "clean up again" until every run has cleaned up.
+        Answers True once everything is settled."""
+        parked = sorted(self.gates.parked, key=lambda p: p.label)
+        if parked:
+            p = parked[self.rng.randrange(len(parked))]
+            await self.act(f"release {p.label}", self.releaser(p))
+            return False
+        if self.gates.running():
+            return False
+        for key in sorted((k for k, n in self.world.summons.items() if n > 0), key=step_of):
+            await self.act(f"late {step_of(key)}", lambda k=key: self.late(k))
+            return False
+        for ref in sorted(self.reporting):
+            obj = self.world.made[ref]
+            await self.act(f"report again {ref}", lambda o=obj: self.late(o.key, o.ref))
+            return False
+        for slot in self.slots:
+            if slot.dead:
+                await self.act(f"restart {slot.name}", lambda s=slot: self.replace(s))
+                return False
+        unsettled = [r for r in runs if not _settled(r)]
+        if not unsettled:
+            return True
+        self.idle_rounds += 1
+        if self.idle_rounds % 3 == 0:
+            await self.act("clock +61s", lambda: self.clock.advance(CLAIM_TTL + 1))
+        elif self.idle_rounds % 3 == 1:
+            for slot in self.slots[:-1]:
+                await self.act(f"tick {slot.name}", lambda s=slot: self.tick(s))
+        else:
+            for run in unsettled:
+                if RunStatus(run.status).terminal and not self.web.running("click"):
+                    again = run.cleanup_status != CleanupStatus.PENDING.value
+                    label = f"click web run {run.id}{' again' if again else ''}"
+                    await self.act(label, lambda i=run.id, a=again: self.click(self.web, i, a))
+        return False
+
+    async def run(self, databases: SeedDatabases) -> SeedResult:
+        observer = dialects.create_engine(self.url)
+        try:
+            setup = await Store.open(self.url, migrate_schema=False)
+            for name, text in EVENTS.items():
+                d = load_definition(text, f"{name}.yaml", self.registry)
+                self.events[name] = await setup.create_event_version(
+                    d.id, d.title, d.model_dump(mode="json", by_alias=True), text, "sim", self.clock.now()
+                )
+            await setup.close()
+            for i in range(2 + self.rng.randrange(3)):
+                self.slots.append(await self.new_slot(f"w{i}", f"w{i}"))
+            self.slots.append(await self.new_slot("web", "web"))
+            self.start_run("raid")
+            await self.random_part(observer)
+            await self.final_part(observer)
+        finally:
+            for actor in self.gates.running():
+                if actor.task is not None:
+                    actor.task.cancel()
+            await self.gates.quiesce()
+            await observer.dispose()
+            for store in [*self.dead_stores, *(s.store for s in self.slots)]:
+                await store.close()
+        self.result.crashes = len(self.gates.crashes)
+        self.result.runs = len([r for r in self.runs if r is not None])
+        self.result.world_log = self.world.log
+        for actor in self.gates.actors:
+            if actor.error:
+                self.result.actor_errors[actor.error] = self.result.actor_errors.get(actor.error, 0) + 1
+        return self.result
+
+    async def random_part(self, observer: Any) -> None:
+        for step in range(self.steps):
+            self.step = step
+            await self.gates.quiesce()
+            runs = await self.check(observer)
+            for slot in list(self.slots):
+                if slot.dead and not any(a.status == "running" for a in slot.actors):
+                    await self.act(f"restart {slot.name}", lambda s=slot: self.replace(s))
+            options = self.choices(runs)
+            weights = [w for w, _, _ in options]
+            [(_, label, action)] = self.rng.choices(options, weights)
+            await self.act(label, action)
+        self.result.steps = self.steps
+
+    async def final_part(self, observer: Any) -> None:
+        self.idle_rounds = 0
+        for step in range(self.steps, self.steps + FINAL_LIMIT):
+            self.step = step
+            await self.gates.quiesce()
+            if await self.settle_step(await self.check(observer)):
+                break
+        else:
+            self.violate("e-world-restored", f"the runs did not settle within {FINAL_LIMIT} steps")
+        self.result.steps = self.step
+        await self.gates.quiesce()
+        await self.check(observer)
+        for obj in sorted(self.world.objects.values(), key=lambda o: o.ref):
+            self.violate("e-world-restored", f"{obj.ref} made by {step_of(obj.key)} is still in the world")
+        for target, value in sorted(self.world.settings.items()):
+            if value != INITIAL_SETTINGS[target]:
+                self.violate("e-world-restored", f"{target} is {value!r}, was {INITIAL_SETTINGS[target]!r}")
+        async with observer.connect() as conn:
+            r = tables.run_resources
+            left = (
+                await conn.execute(select(r.c.run_id, r.c.kind, r.c.ref).where(r.c.state.in_(tables.LIVE_STATES)))
+            ).all()
+        for row in left:
+            self.violate("e-world-restored", f"run {row.run_id} still holds a live row {row.kind} {row.ref}")
+
+
+def _settled(run: Any) -> bool:
+    if not RunStatus(run.status).terminal:
+        return False
+    return run.cleanup_status in (CleanupStatus.COMPLETE.value, CleanupStatus.NOT_REQUIRED.value)
+
+
+def run_seed(
+    seed: int, databases: SeedDatabases, steps: int = STEPS, events: tuple[str, ...] = tuple(EVENTS)
+) -> SeedResult:
+    """Run one seed on a fresh database and answer what happened. `events` limits the
+    events the scheduler may start (a replay must name the same ones)."""
+
+    async def main() -> SeedResult:
+        url = await databases.fresh()
+        result = await Simulation(seed, url, databases.backend, steps, events).run(databases)
+        if events != tuple(EVENTS):
+            result.replay_options = f" --events {','.join(events)}"
+        return result
+
+    return asyncio.run(main())
+
+
+def quiet_logging() -> None:
+    """The engine logs every retry and failed revert; a simulation makes thousands."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(50))
