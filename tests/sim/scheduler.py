@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from roadie.engine import Engine
-from roadie.store import Store
+from roadie.store import CleanupClaim, Store
 
 SPIN = 20  # loop turns without any progress before the scheduler calls the loop quiet
 # The store's methods that write (each passes a named write point before its commit).
@@ -32,17 +33,20 @@ WRITES = frozenset(
         "advance_runs",
         "claim_cleanup",
         "claim_expired_lease",
+        "claim_lease_row",
         "claim_steps",
         "create_run",
         "deregister_worker",
         "extend_cleanup_claim",
         "finish_cleanup",
         "heartbeat_worker",
+        "mark_lease_restored",
         "mark_revert_failed",
         "mark_reverted",
         "record_late_resources",
         "record_outcomes",
         "register_worker",
+        "release_lease_row",
         "request_cancel",
         "requeue_expired_claims",
         "save_lease_value",
@@ -217,6 +221,10 @@ class Gates:
         return [a for a in self.actors if a.status == "running"]
 
 
+# An engine's incarnation, or a claim token minted from one.
+TOKEN = re.compile(r"[0-9a-f]{12}|[0-9a-z]+\.[0-9a-f]{16}")
+
+
 def describe(args: tuple[Any, ...]) -> str:
     """The arguments of a store call that say which rows it is about (ids and names),
     never times or objects: a label must read the same on every replay."""
@@ -226,6 +234,10 @@ def describe(args: tuple[Any, ...]) -> str:
             continue
         if isinstance(a, int):
             shown.append(str(a))
+        elif isinstance(a, CleanupClaim):
+            shown.append(f"cleanup of run {a.run_id}")
+        elif isinstance(a, str) and TOKEN.fullmatch(a):
+            shown.append("<token>")  # minted at random: the same on no two replays
         elif isinstance(a, str) and len(a) < 40:
             shown.append(a)
         elif isinstance(a, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in a):

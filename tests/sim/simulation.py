@@ -21,10 +21,11 @@ from sqlalchemy import func, select
 from roadie.clock import FakeClock
 from roadie.definitions import load_definition
 from roadie.engine import Engine, EngineOptions, leases
+from roadie.errors import InvalidState
 from roadie.modules.core import module as core_module
 from roadie.registry import Registry
 from roadie.states import CleanupStatus, RunStatus, StepStatus
-from roadie.store import NewResource, Store, dialects, tables
+from roadie.store import CleanupClaim, NewResource, Store, dialects, tables
 from roadie.store.rows import EventRow, RunRow
 from tests.sim.databases import SeedDatabases
 from tests.sim.scheduler import Actor, Crash, GatedStore, Gates, Parked, Slot, current
@@ -163,7 +164,7 @@ class Simulation:
         self.last_look: tuple[int, int, int] | None = None
         self.last_runs: list[Any] = []
         self.recorded: list[tuple[int, int, str, int]] = []  # answers with rows, recorded since the last look
-        self.cleanup_holder: dict[int, str] = {}  # run id -> the worker id its cleanup is claimed by
+        self.cleanup_holder: dict[int, str] = {}  # run id -> the token its cleanup is claimed under
         self.gates.observe = self.observe
 
     def seconds(self) -> float:
@@ -266,14 +267,18 @@ class Simulation:
             steps = await slot.gated.list_steps(run_id)
             [step] = [s for s in steps if s.idempotency_key == key]
             run = await slot.gated.get_run(run_id)
-            if run.cleanup_status not in (CleanupStatus.NOT_REQUIRED.value, CleanupStatus.PENDING.value):
-                # Refused: the game server removes its summon itself (unless cleanup's
-                # revert by key found it first). That is not a revert by Roadie.
+            refused = run.cleanup_status not in (CleanupStatus.NOT_REQUIRED.value, CleanupStatus.PENDING.value)
+            if not refused:
+                payload = {"step": step_of(key), "late": True}
+                try:
+                    await slot.gated.record_late_resources(step, [NewResource("obj", ref, payload)], self.clock.now())
+                except InvalidState:  # a cleanup took the run after the look above
+                    refused = True
+            if refused:
+                # The game server removes its summon itself (unless cleanup's revert by
+                # key found it first). That is not a revert by Roadie.
                 await world.gate(f"unsummon {ref}")
                 world.unsummon(ref)
-            else:
-                payload = {"step": step_of(key), "late": True}
-                await slot.gated.record_late_resources(step, [NewResource("obj", ref, payload)], self.clock.now())
             self.reporting.discard(ref)
 
         self.spawn("web.late", "late", slot, work)
@@ -290,7 +295,7 @@ class Simulation:
                 parked.future.cancel()
 
         async def work() -> None:
-            await slot.gated.deregister_worker(slot.worker_id, self.clock.now())
+            await slot.gated.deregister_worker(slot.worker_id, slot.engine.incarnation, self.clock.now())
             slot.dead = True
 
         self.spawn(f"{slot.name}.deregister", "deregister", slot, work)
@@ -387,38 +392,34 @@ class Simulation:
         actor = current.get()
         if actor is None:
             return
+        claim = args[0] if args and isinstance(args[0], CleanupClaim) else None
         if name == "claim_cleanup" and result:
-            run_id, worker, now, ttl = int(args[0]), str(args[1]), args[2], float(args[3])
+            assert claim is not None
+            now = args[2]
             holders = {
                 a.name
                 for a in self.gates.running()
-                if a is not actor and a.claims.get(run_id) is not None and a.claims[run_id] > now
+                if a is not actor and a.claims.get(claim.run_id) is not None and a.claims[claim.run_id] > now
             }
             if holders:
-                actor.overlapped.setdefault(run_id, set()).update(holders)
-            actor.claims[run_id] = now + timedelta(seconds=ttl)
-            self.cleanup_holder[run_id] = worker
-        elif name == "extend_cleanup_claim" and self.cleanup_holder.get(int(args[0])) == args[1]:
-            actor.claims[int(args[0])] = args[2] + timedelta(seconds=float(args[3]))
-        elif name == "heartbeat_worker":
-            worker, now, ttl = str(args[0]), args[1], float(args[2])
-            for run_id in kwargs.get("cleanup_run_ids", ()):
-                if self.cleanup_holder.get(run_id) != worker:
-                    continue
-                for a in self.gates.running():
-                    if a.slot is not None and a.slot.worker_id == worker and run_id in a.claims:
-                        a.claims[run_id] = now + timedelta(seconds=ttl)
+                actor.overlapped.setdefault(claim.run_id, set()).update(holders)
+            actor.claims[claim.run_id] = now + timedelta(seconds=claim.ttl)
+            self.cleanup_holder[claim.run_id] = claim.token
+        elif name == "finish_cleanup" and claim is not None:
+            actor.claims.pop(claim.run_id, None)
+            self.cleanup_holder.pop(claim.run_id, None)
+        elif claim is not None and self.cleanup_holder.get(claim.run_id) == claim.token:
+            # Every write a cleanup makes under its claim pushes the claim's expiry on.
+            actor.claims[claim.run_id] = self.clock.now() + timedelta(seconds=claim.ttl)
         elif name == "record_outcomes":
             for o in args[0]:
-                if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder):
+                if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder) and not o.stale:
                     self.recorded.append((o.step.id, o.step.attempts, actor.name, len(o.resources)))
         elif name == "claim_expired_lease" and result:
-            actor.leases[int(args[0])] = args[1] + timedelta(seconds=float(args[2]))
-        elif name == "finish_cleanup":
-            actor.claims.pop(int(args[0]), None)
-            self.cleanup_holder.pop(int(args[0]), None)
+            actor.leases[int(args[0])] = args[2] + timedelta(seconds=float(args[3]))
         elif name == "deregister_worker":
-            for run_id in [r for r, w in self.cleanup_holder.items() if w == args[0]]:
+            incarnation = str(args[1])
+            for run_id in [r for r, token in self.cleanup_holder.items() if token.startswith(incarnation)]:
                 del self.cleanup_holder[run_id]
 
     def judge_double_restore(self, seen: str) -> None:

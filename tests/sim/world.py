@@ -7,8 +7,11 @@ checked against it after every scheduler step. Its actions:
 
 - `sim.make` (ledger): make `count` objects tagged with the key; `late` more appear
   later by themselves; `lost` loses the first attempt's answer after the world was written.
-- `sim.override` (ledger): set `sim.dial` itself and report it as an `override`-kind
-  resource, which a module may do.
+- `sim.override` (ledger): report an `override`-kind resource for `sim.dial`, the target
+  `core.lease` borrows. Override rows are core's alone (DESIGN §4 rule 4): the report is
+  rejected, and no second live row for the target may ever appear. (A module that also
+  wrote the dial itself would change the world behind core's back, which no ledger can
+  undo, so this one only reports.)
 - leases `sim.dial` and `sim.flag#<target>`: read, write, restore; a restore checks whose
   value it writes over.
 
@@ -202,7 +205,6 @@ def sim_module(world: SimWorld) -> Module:
         await world.gate(f"dispatch {step_of(key)}#{call.attempt}")
         if key not in world.answers:
             saved = world.settings["sim.dial"]
-            world.write_setting("sim.dial", call.params.value, Writer("override", call.run_id))
             world.answers[key] = [{"kind": "override", "ref": "sim.dial", "payload": {"saved": saved}}]
         resources = world.answers[key]
         await world.gate(f"answer {step_of(key)}#{call.attempt}")

@@ -137,6 +137,8 @@ class Engine(Drain):
             log.info("cleanup skipped", run_id=run_id, reason=exc.message)
         except StoreError as exc:  # the database went away: the claim expires, and it is due again
             log.warning("cleanup failed", run_id=run_id, error=exc.message)
+        except Exception:  # a task's error would go unseen: say it, and let the claim expire
+            log.exception("cleanup crashed", run_id=run_id)
         finally:
             self._cleanups.pop(run_id, None)
 
