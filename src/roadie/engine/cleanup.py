@@ -259,7 +259,7 @@ class Cleanup:
         try:
             if call.kind == "restore":
                 if not await self.store.claim_lease_row(claim, call.row_ids[0], now()):
-                    report.held += 1  # the expiry sweeper is giving it back: its to finish
+                    report.held += 1  # the expiry sweeper is giving it back, and marks it itself
                     return
                 row = next(r for r in rows if r.id == call.row_ids[0])
                 async with self._deadline():

@@ -31,7 +31,7 @@ from roadie.errors import (
 )
 from roadie.registry import Call
 from roadie.states import WAIT_ACTION, Reversible, StepStatus
-from roadie.store import Claimed, Outcome, mint_token
+from roadie.store import Claimed, Outcome, dialects, mint_token
 from roadie.store.rows import StepRow
 
 log = structlog.get_logger(__name__)
@@ -135,20 +135,23 @@ class Drain(Advance):
                     try:
                         await self.store.record_outcomes(outcomes)
                     except StoreError as exc:
-                        # The answers are in hand and the world has been written: keep them
-                        # and record them again, rather than let their claims expire and
-                        # the steps run a second time.
-                        failures += 1
-                        if failures < RECORD_ATTEMPTS:
+                        if dialects.refuses_data(exc):
+                            # One answer the database cannot take: the others must not go
+                            # back to be dispatched again because of it.
+                            outcomes = await self._record_apart(outcomes)
+                        else:
+                            # The answers are in hand and the world has been written: keep
+                            # them and record them again, rather than let their claims
+                            # expire and the steps run a second time.
+                            failures += 1
+                            if failures >= RECORD_ATTEMPTS:
+                                raise
                             log.warning(
                                 "recording answers failed; trying again", error=exc.message, steps=len(outcomes)
                             )
                             unrecorded = outcomes
                             await asyncio.sleep(0.05 * failures)
                             continue
-                        # Still refused: perhaps by one answer the database cannot take. The
-                        # others must not go back to be dispatched again because of it.
-                        outcomes = await self._record_apart(outcomes)
                     unrecorded, failures = [], 0
                     for o in outcomes:
                         if o.stale:
@@ -164,17 +167,20 @@ class Drain(Advance):
                 self._inflight_ids.pop(c.step.id, None)
 
     async def _record_apart(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """Record a batch the database keeps refusing, half by half, until each answer it
-        refuses is alone: that one is recorded as its step's failure instead, without its
-        resources (its placeholder stays pending, so cleanup reverts by key what the step
-        made; a borrow keeps its saved value to give back). Answers the outcomes as
-        recorded. Raises `StoreError` when even that is refused: the database is down."""
+        """Record a batch whose data the database refused, half by half, until each answer
+        it refuses is alone: that one is recorded as its step's failure instead, without
+        its resources (its placeholder stays pending, so cleanup reverts by key what the
+        step made; a borrow keeps its saved value to give back). Answers the outcomes as
+        recorded. Raises `StoreError` on any other failure: the database is unwell, and
+        the caller's retries are for that."""
         if len(outcomes) == 1:
             [o] = outcomes
             try:
                 await self.store.record_outcomes(outcomes)
                 return outcomes
             except StoreError as exc:
+                if not dialects.refuses_data(exc):
+                    raise
                 log.error("an answer could not be recorded", run_id=o.step.run_id, step_id=o.step.id, error=exc.message)
                 failed = Outcome(
                     step=o.step,
@@ -191,7 +197,9 @@ class Drain(Advance):
             try:
                 await self.store.record_outcomes(part)
                 recorded.extend(part)
-            except StoreError:
+            except StoreError as exc:
+                if not dialects.refuses_data(exc):
+                    raise
                 recorded.extend(await self._record_apart(part))
         return recorded
 

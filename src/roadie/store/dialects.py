@@ -8,7 +8,10 @@ from typing import Any
 from sqlalchemy import Connection, Insert, Select, Table, event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from roadie.errors import StoreError
 
 ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
@@ -121,6 +124,14 @@ def is_connection_lost(dialect_name: str, error: BaseException) -> bool:
             code = code[0]
         return code in _MYSQL_CONNECTION_CODES
     return False
+
+
+def refuses_data(error: BaseException) -> bool:
+    """Whether the database refused what a statement carried (a value it cannot keep, a
+    constraint), rather than failing to run it (a lost connection, a full disk): the
+    same statement will be refused again, while the next one may well go in."""
+    cause = error.__cause__ if isinstance(error, StoreError) else error
+    return isinstance(cause, DataError | IntegrityError)
 
 
 def returning_update(dialect_name: str) -> bool:
