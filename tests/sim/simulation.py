@@ -540,14 +540,15 @@ class Simulation:
         for key in sorted((k for k, n in self.world.summons.items() if n > 0), key=step_of):
             await self.act(f"late {step_of(key)}", lambda k=key: self.late(k))
             return False
-        for ref in sorted(self.reporting):
-            obj = self.world.made[ref]
-            await self.act(f"report again {ref}", lambda o=obj: self.late(o.key, o.ref))
-            return False
         for slot in self.slots:
             if slot.dead:
                 await self.act(f"restart {slot.name}", lambda s=slot: self.replace(s))
                 return False
+        # (After the restarts: a report made through a dead web process goes nowhere.)
+        for ref in sorted(self.reporting):
+            obj = self.world.made[ref]
+            await self.act(f"report again {ref}", lambda o=obj: self.late(o.key, o.ref))
+            return False
         unsettled = [r for r in runs if not _settled(r)]
         if not unsettled:
             return True

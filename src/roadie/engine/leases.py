@@ -115,13 +115,20 @@ async def sweep_expired(
     restored = 0
     for row in await store.expired_leases(clock.now()):
         token = mint_token(incarnation)
-        if not await store.claim_expired_lease(row.id, token, clock.now(), claim_ttl):
+        claimed_at = clock.now()
+        if not await store.claim_expired_lease(row.id, token, claimed_at, claim_ttl):
             continue  # another worker is restoring it, or the run's cleanup will
+        # The claim runs from when it was asked for, which a slow database may have made
+        # a while ago: the restore must end well before the claim does, or not begin.
+        left = (claimed_at + timedelta(seconds=claim_ttl) - clock.now()).total_seconds()
+        budget = min(claim_ttl / 3, left / 2)
         try:
-            async with clock.timeout(claim_ttl / 3):
+            if budget <= 0:
+                raise TimeoutError
+            async with clock.timeout(budget):
                 await restore(registry, clock, row)
         except Exception as exc:  # the sweeper must not stop on one bad lease
-            error = f"no answer within {claim_ttl / 3:g}s" if isinstance(exc, TimeoutError) else str(exc)
+            error = f"no answer within {max(budget, 0):g}s" if isinstance(exc, TimeoutError) else str(exc)
             log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=error)
             await store.release_lease_row(row.id, token, f"expiry restore failed: {error}", clock.now())
             continue
