@@ -45,6 +45,7 @@ phases:
       - action: probe.make
         name: slow
         with: {hold: 30, answer: [{kind: thing, ref: slow}]}
+        timeout: 2m
 """
 
 
@@ -53,15 +54,22 @@ def test_a_failed_claim_does_not_drop_the_dispatches_in_flight(harness: Harness)
     mid-commit): the dispatch still answers and is recorded in the same pass, instead of
     being cancelled after it wrote the world and left for its claim to expire."""
     claims = Counter[str]()
+    second = asyncio.Event()
 
     def fail_second_claim(name: str) -> None:
         claims[name] += 1
         if name == "claim_steps" and claims[name] == 2:
+            second.set()
             raise StoreError("claim_steps: the connection was lost while committing")
+
+    async def answer_after_the_second_claim(call: Any) -> None:
+        # The dispatch is in flight when the claim fails, however the machine is loaded.
+        await second.wait()
 
     async def body() -> None:
         run = await harness.start(HELD)
         harness.write_points.extra = fail_second_claim
+        harness.probe.observe = answer_after_the_second_claim
         await harness.drive(harness.engine.tick())
         assert claims["claim_steps"] >= 2, "the second claim should have come while the step was in flight"
         [call] = harness.probe.calls
