@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import Harness
 
 import roadie.engine.cleanup as cleanup_module
-from roadie.errors import InvalidState
+from roadie.errors import InvalidState, StoreError
 
 
 def things(*refs: str, member: str | None = None) -> list[dict[str, Any]]:
@@ -337,5 +337,45 @@ phases:
         assert run.cleanup_status == "complete"
         assert run.cleanup_report is not None
         assert run.cleanup_report["restored"] == 0
+
+    harness.run(body)
+
+
+@pytest.mark.parametrize("point", ["claim_lease_row", "mark_reverted"])
+def test_a_database_failure_during_cleanup_is_not_a_refusal_by_the_world(harness: Harness, point: str) -> None:
+    """A cleanup whose write is lost with its connection (the commit's fate unknown, so the
+    store raises) stops there: the row keeps no error and counts no attempt, the run stays
+    `pending`, and the cleanup that comes once the claim runs out finishes the job. It is
+    never counted as the world refusing the restore, which would leave it `incomplete`."""
+    harness.world.set_setting("xp_rate", 1.5)
+    failures = {"left": 1}
+
+    def lost_commit(name: str) -> None:
+        if name == point and failures["left"]:
+            failures["left"] -= 1
+            raise StoreError(f"{name}: the connection was lost while committing: server closed the connection")
+
+    harness.write_points.extra = lost_commit
+    event = """
+id: xp
+duration: 1m
+cleanup: auto
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        with: {lease: sandbox.xp_rate, value: 3.0}
+"""
+
+    async def body() -> None:
+        run = await harness.start(event)
+        [run] = await harness.settle(run)
+        assert failures["left"] == 0
+        assert run.cleanup_status == "complete"
+        assert harness.world.read_setting("xp_rate") == 1.5
+        [row] = await harness.resources(run)
+        assert (row.state, row.attempts, row.error) == ("reverted", 1, None)  # the one that got through
+        assert run.cleanup_report is not None
+        assert (run.cleanup_report["restored"], run.cleanup_report["failed"]) == (1, 0)
 
     harness.run(body)

@@ -19,7 +19,7 @@ import structlog
 
 from roadie.clock import Clock
 from roadie.engine import leases
-from roadie.errors import ClaimLost, InvalidState, RoadieError, UnknownAction
+from roadie.errors import ClaimLost, InvalidState, RoadieError, StoreError, UnknownAction
 from roadie.registry import InspectCall, Inspected, Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
 from roadie.states import OVERRIDE_KIND, STEP_KIND, ResourceState, RunStatus
@@ -269,7 +269,10 @@ class Cleanup:
                 return
             async with self._deadline():
                 failures = await self._revert(run_id, step, call)
-        except ClaimLost:
+        except (ClaimLost, StoreError):
+            # The claim is gone, or the database is unwell (a commit lost with its
+            # connection): neither is the world refusing, and the row keeps no error. The
+            # cleanup stops and is due again once its claim is released or runs out.
             raise
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RoadieError) else exc.message
