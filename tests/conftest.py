@@ -40,6 +40,7 @@ from sqlalchemy.pool import NullPool
 from roadie.clock import FakeClock
 from roadie.definitions import load_definition
 from roadie.engine import Engine, EngineOptions
+from roadie.engine.notify import Webhook
 from roadie.errors import AnswerLost, PermanentError, RetryableError
 from roadie.modules.sandbox import SandboxWorld
 from roadie.registry import Call, LeaseCall, Module, ModuleConfig, Registry, RevertCall, build_registry
@@ -211,6 +212,7 @@ class Harness:
         self.world: SandboxWorld = self.registry.state("sandbox")
         self.write_points = WritePoints()
         self.options = EngineOptions(seed=1)
+        self.webhooks: list[Webhook] = []  # the engine's, from its next restart
         self._store: Store | None = None
         self._engine: Engine | None = None
 
@@ -253,7 +255,9 @@ class Harness:
             await self._store.close()
         self._store = await Store.open(self.database_url)
         self._store.write_point = self.write_points
-        self._engine = Engine(self._store, self.registry, clock=self.clock, options=self.options)
+        self._engine = Engine(
+            self._store, self.registry, clock=self.clock, options=self.options, webhooks=self.webhooks
+        )
 
     def store_writes(self, name: str) -> int:
         """How many write transactions named `name` reached their commit so far."""

@@ -11,6 +11,11 @@ db = "sandbox.db"
 
 [modules.mygame]
 import = "mygame.roadie_module:module"
+
+[[webhooks]]
+name = "ops"
+url = "https://discord.com/api/webhooks/..."
+format = "discord"
 ```
 """
 
@@ -33,6 +38,7 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
+    webhooks: list[Any] = field(default_factory=list)  # checked by `roadie.engine.notify.parse_webhooks`
     base_dir: str = "."
     source: str = "defaults"
 
@@ -56,6 +62,7 @@ def load_settings(database_url: str | None = None, config_path: str | None = Non
         database_url=str(url),
         modules=modules,
         engine=dict(data.get("engine", {})),
+        webhooks=data.get("webhooks", []),
         base_dir=str(path.parent.resolve()) if path.exists() else os.getcwd(),
         source=str(path) if path.exists() else "defaults",
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
 from roadie.engine import Engine, EngineOptions
+from roadie.engine.notify import parse_webhooks
 from roadie.registry import Registry, build_registry
 from roadie.remote import Remotes, attach_remote_modules, refresh_pull_module
 from roadie.remote.gateway import Gateway
@@ -45,6 +46,7 @@ async def open_context(
 ) -> AsyncIterator[Context]:
     """Open the database (migrating it), load the modules, and build one engine."""
     settings = load_settings(database_url, config)
+    webhooks = parse_webhooks(settings.webhooks, settings.source)
     clock = SystemClock()
     registry = build_registry(settings.modules, clock=clock, base_dir=settings.base_dir)
     store = await Store.open(settings.database_url)
@@ -59,7 +61,7 @@ async def open_context(
         options.concurrency = concurrency
     if claim_ttl is not None:
         options.claim_ttl = claim_ttl
-    engine = Engine(store, registry, clock=clock, options=options)
+    engine = Engine(store, registry, clock=clock, options=options, webhooks=webhooks)
     try:
         yield Context(settings, store, registry, engine, remotes)
     finally:

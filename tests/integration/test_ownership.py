@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.script import ScriptDirectory
 from tests.conftest import Harness, probe_module
 from tests.databases import Database
 from tests.integration.test_ledger_rules import one_step
@@ -22,8 +23,9 @@ from roadie.errors import InvalidState, PermanentError, StoreError
 from roadie.registry import Call, Module
 from roadie.states import Reversible
 from roadie.store import NewResource, Store
+from roadie.store.migrate import alembic_config
 
-HEAD = "0008"  # the newest migration
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()  # the newest migration
 
 LEASE = """
 id: borrow

@@ -15,6 +15,7 @@ from roadie.cli.logs import configure_logging
 from roadie.cli.runs import run_app
 from roadie.cli.sandbox import demo, sandbox_app
 from roadie.cli.web import serve, token_app
+from roadie.cli.webhooks import webhooks_app
 from roadie.cli.workers import gateway, init, worker, workers_list
 
 app = typer.Typer(
@@ -48,6 +49,7 @@ app.command()(leases)
 app.command()(audit)
 app.command()(demo)
 app.add_typer(token_app, name="token")
+app.add_typer(webhooks_app, name="webhooks")
 app.command()(serve)
 
 

@@ -16,7 +16,7 @@ import random
 import secrets
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from importlib import metadata
 from typing import Any, overload
@@ -29,6 +29,7 @@ from roadie.engine import leases, runs, schedules
 from roadie.engine.base import EngineOptions, Observer, earliest
 from roadie.engine.cleanup import Cleanup, CleanupReport
 from roadie.engine.drain import Drain
+from roadie.engine.notify import Notifier, Webhook
 from roadie.errors import (
     InvalidState,
     RoadieError,
@@ -52,6 +53,7 @@ class Engine(Drain):
         worker_id: str | None = None,
         options: EngineOptions | None = None,
         observer: Observer | None = None,
+        webhooks: Sequence[Webhook] = (),
     ) -> None:
         self.store = store
         self.registry = registry
@@ -73,6 +75,8 @@ class Engine(Drain):
         self._cleanups: dict[int, asyncio.Task[None]] = {}  # automatic cleanups under way, by run
         self._lost: set[int] = set()  # steps the heartbeat found taken over by another worker
         self._heart: asyncio.Task[None] | None = None  # run_forever's background heartbeat
+        self.notifier = Notifier(store, list(webhooks), self.clock, incarnation=self.incarnation) if webhooks else None
+        self._sending: asyncio.Task[None] | None = None  # notifications being sent, beside the drain
 
     # -- runs -----------------------------------------------------------------------
 
@@ -112,6 +116,8 @@ class Engine(Drain):
     async def tick(self) -> datetime | None:
         """Do everything that is due now; answer when something will next be due."""
         now = self.clock.now()
+        if self.notifier is not None:
+            await self.notifier.register()
         await self.store.requeue_expired_claims(now)
         await schedules.create_due_runs(self)
         await self._advance()
@@ -126,7 +132,18 @@ class Engine(Drain):
                 break
             if run_id not in self._cleanups:
                 self._cleanups[run_id] = asyncio.create_task(self._auto_cleanup(run_id))
+        if self.notifier is not None and (self._sending is None or self._sending.done()):
+            self._sending = asyncio.create_task(self._send_notifications(self.notifier))
         return await self._next_due()
+
+    async def _send_notifications(self, notifier: Notifier) -> None:
+        """Webhooks, as a task beside the drain: a slow receiver holds up no step."""
+        try:
+            await notifier.deliver_due()
+        except StoreError as exc:  # the claims run out, and the deliveries are due again
+            log.warning("sending notifications failed", error=exc.message)
+        except Exception:
+            log.exception("sending notifications crashed")
 
     async def _auto_cleanup(self, run_id: int) -> None:
         """A cleanup the worker started by itself, as a task beside the drain: a module that
@@ -148,12 +165,17 @@ class Engine(Drain):
             await asyncio.wait(list(self._cleanups.values()))
 
     async def close(self) -> None:
-        """Stop the automatic cleanups under way (their claims expire, and another worker
-        takes them over), so that none touches the store after its owner closes it."""
+        """Stop the automatic cleanups and the webhook sends under way (their claims expire,
+        and another worker takes them over), so that none touches the store after its owner
+        closes it."""
         tasks = list(self._cleanups.values())
+        if self._sending is not None:
+            tasks.append(self._sending)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.notifier is not None:
+            await self.notifier.close()
 
     async def clean_up(
         self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
@@ -193,6 +215,8 @@ class Engine(Drain):
         try:
             await self._work_forever()
             await self.cleanups_done()
+            if self._sending is not None:  # each send has its deadline
+                await self._sending
         finally:
             await self.close()
             self._heart.cancel()

@@ -22,6 +22,7 @@ from roadie.states import (
 )
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
+from roadie.store.notify import notify_cleanup
 from roadie.store.records import CleanupClaim
 from roadie.store.tables import (
     LIVE_STATES,
@@ -191,6 +192,8 @@ class CleanupQueries(Connector):
                 raise ClaimLost(f"run {claim.run_id}'s cleanup was taken over before it finished")
             summary = {k: report[k] for k in ("status", "member_key", "reverted", "restored", "failed") if k in report}
             await record_audit(conn, now, actor, "cleanup", f"run:{claim.run_id}", summary)
+            if member_key is None and status is not CleanupStatus.PENDING:
+                await notify_cleanup(conn, self.dialect, claim.run_id, claim.token, status.value, report, now)
             return status
 
         result: CleanupStatus = await self._write("finish_cleanup", work)

@@ -80,7 +80,8 @@ def insert_ignore(dialect_name: str, table: Table) -> Insert:
         return postgresql.insert(table).on_conflict_do_nothing()
     # `id = id` leaves the existing row exactly as it was. (`id = VALUES(id)` would not:
     # it moves the existing row to the new auto-increment id.)
-    return mysql.insert(table).on_duplicate_key_update({table.c.id.name: table.c.id})
+    key = next(iter(table.primary_key.columns))
+    return mysql.insert(table).on_duplicate_key_update({key.name: key})
 
 
 def is_transient(dialect_name: str, error: BaseException) -> bool:

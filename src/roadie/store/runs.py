@@ -27,6 +27,7 @@ from roadie.states import (
 from roadie.store import dialects
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
+from roadie.store.notify import notify_runs
 from roadie.store.records import PhaseCounts, RunMove
 from roadie.store.rows import (
     EventRow,
@@ -244,6 +245,9 @@ class RunQueries(Connector):
             if m.fail is None
         ]
 
+        started = [m.run.id for m in moves if m.fail is None and m.steps and m.run.started_at is None]
+        ended = [m.run.id for m in moves if m.fail is None and m.finish is not None]
+
         async def work(conn: AsyncConnection) -> None:
             for chunk in chunks(rows, 40):
                 await conn.execute(dialects.insert_ignore(self.dialect, steps), list(chunk))
@@ -274,6 +278,7 @@ class RunQueries(Connector):
             failing = {m.run.id: m.fail for m in moves if m.fail}
             if failing:
                 await fail_runs(conn, failing, now)
+            await notify_runs(conn, self.dialect, started, ended, now)
 
         await self._write("materialise_phase" if rows else "advance_runs", work)
 

@@ -16,6 +16,7 @@ from roadie.store.drain import DrainQueries
 from roadie.store.events import EventQueries
 from roadie.store.leases import LeaseQueries
 from roadie.store.ledger import LedgerQueries
+from roadie.store.notify import NotifyQueries
 from roadie.store.records import Claimed, NewResource, NewStep, Outcome, PhaseCounts, RunMove
 from roadie.store.runs import RunQueries
 from roadie.store.schedules import ScheduleQueries
@@ -35,6 +36,7 @@ class Store(
     WorkerQueries,
     AuditQueries,
     AuthQueries,
+    NotifyQueries,
     Connector,
 ):
     """The whole store: open it with `await Store.open(url)`."""

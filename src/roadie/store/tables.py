@@ -315,3 +315,45 @@ web_sessions = Table(
     UniqueConstraint("id_hash"),
     Index(None, "expires_at"),
 )
+
+# What operators are told about: a run started or ended, a cleanup that left something
+# behind. Written in the transaction that made it true, once (`dedup_key`), whatever retries.
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dedup_key", String(190), nullable=False),
+    Column("kind", String(40), nullable=False),
+    Column("run_id", Integer, nullable=True),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("dedup_key"),
+)
+
+# The webhooks some process was configured with. A notification gets a delivery for each
+# target known when it is written, so one configured later is not sent the past.
+webhook_targets = Table(
+    "webhook_targets",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("registered_at", UTCDateTime, nullable=False),
+)
+
+# One notification sent to one webhook, retried until it is taken, refused for good, or
+# out of attempts. A sender claims it under a token first, and every write names it.
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("notification_id", Integer, ForeignKey("notifications.id"), nullable=False),
+    Column("target", String(64), nullable=False),
+    Column("state", String(16), nullable=False),  # pending | delivered | skipped | gave_up
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_at", UTCDateTime, nullable=False),
+    Column("claim_token", String(64), nullable=True),
+    Column("claim_expires", UTCDateTime, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("updated_at", UTCDateTime, nullable=False),
+    UniqueConstraint("notification_id", "target"),
+    Index(None, "state", "next_at"),
+)
