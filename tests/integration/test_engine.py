@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import Crash, Harness
 
 from roadie.engine import Engine, EngineOptions
-from roadie.errors import StoreError
+from roadie.errors import DefinitionError, StoreError
 
 
 def probe_event(steps: str, *, duration: str = "0s", cleanup: str = "auto", event_id: str = "engine") -> str:
@@ -501,5 +501,47 @@ def test_settle_takes_over_a_claim_at_the_moment_it_expires(harness: Harness) ->
         [run] = await harness.settle(run, max_ticks=50)
         step = await harness.step(run, "orphan")
         assert (run.status, step.status, step.attempts) == ("succeeded", "succeeded", 2)
+
+    harness.run(body)
+
+
+RAID = """
+id: raid
+params:
+  region: {type: str, default: britain}
+  count: {type: int, default: 1, min: 1}
+cleanup: auto
+phases:
+  - name: only
+    steps:
+      - action: sandbox.spawn
+        with: {kind: orc, region: "{{ region }}", count: "{{ count }}"}
+"""
+
+
+def test_many_runs_are_started_in_one_transaction_and_one_bad_param_refuses_them_all(harness: Harness) -> None:
+    """`start_runs` makes every run (each with its params, its audit entry) in one write
+    transaction; a bad parameter in any entry refuses them all, naming the entry."""
+
+    async def body() -> None:
+        event = await harness.apply(RAID)
+        before = harness.store_writes("create_run")
+        made = await harness.engine.start_runs(event, [{}, {"count": 2}, {"region": "yew"}, {}], actor="ops")
+        assert harness.store_writes("create_run") == before + 1
+        assert [(r.params["region"], r.params["count"]) for r in made] == [
+            ("britain", 1),
+            ("britain", 2),
+            ("yew", 1),
+            ("britain", 1),
+        ]
+        assert len({r.id for r in made}) == 4
+        audit = await harness.store.list_audit()
+        assert sorted(a.subject for a in audit if a.action == "run.start") == sorted(f"run:{r.id}" for r in made)
+        with pytest.raises(DefinitionError) as refused:
+            await harness.engine.start_runs(event, [{}, {"count": 0}], actor="ops")
+        assert refused.value.problems[0].field == "runs[1].params"
+        assert len(await harness.store.list_runs()) == 4
+        settled = await harness.settle(*made)
+        assert [r.status for r in settled] == ["succeeded"] * 4
 
     harness.run(body)

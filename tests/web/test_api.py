@@ -240,3 +240,24 @@ def test_run_events_stream_ends_after_the_run(site: Site) -> None:
     assert response.text.startswith("event: run\n")
     assert "event: end\n" in response.text
     assert site.get("/api/v1/runs/12345/events").status_code == 404
+
+
+def test_many_runs_start_in_one_request_and_a_bad_entry_is_named(site: Site) -> None:
+    """`POST /api/v1/runs/batch` starts one run per entry; one bad entry refuses them all
+    with a 422 naming it, and nothing is stored."""
+    assert site.upload(QUICK).status_code == 201
+    made = site.post(
+        "/api/v1/runs/batch",
+        "operator",
+        json={"event": "quick-raid", "runs": [{"params": {"count": 1}}, {"params": {"count": 3}}, {}]},
+    )
+    assert made.status_code == 201, made.text
+    assert [r["params"]["count"] for r in made.json()] == [1, 3, 2]
+    refused = site.post(
+        "/api/v1/runs/batch", "operator", json={"event": "quick-raid", "runs": [{}, {"params": {"count": 0}}]}
+    )
+    assert refused.status_code == 422
+    assert "runs[1].params" in refused.text
+    empty = site.post("/api/v1/runs/batch", "operator", json={"event": "quick-raid", "runs": []})
+    assert empty.status_code == 422
+    assert len(site.store_call(lambda s: s.list_runs())) == 3

@@ -49,6 +49,11 @@ def start_body(site: Site, ids: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return "/api/v1/runs", {"json": {"event": "slow-raid", "params": {"region": fresh_region(site)}}}
 
 
+def start_many_body(site: Site, ids: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    runs = [{"params": {"region": fresh_region(site)}}, {"params": {"region": fresh_region(site)}}]
+    return "/api/v1/runs/batch", {"json": {"event": "slow-raid", "runs": runs}}
+
+
 def token_body(site: Site, ids: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return "/api/v1/tokens", {"json": {"name": f"n{next(_names)}", "role": "viewer"}}
 
@@ -66,6 +71,7 @@ CALLS = [
     Call("GET", "/api/v1/events/{event_id}/versions", "viewer", fixed("/api/v1/events/quick-raid/versions")),
     Call("GET", "/api/v1/runs", "viewer", fixed("/api/v1/runs")),
     Call("POST", "/api/v1/runs", "operator", start_body),
+    Call("POST", "/api/v1/runs/batch", "operator", start_many_body),
     Call("GET", "/api/v1/runs/{run_id}", "viewer", fixed("/api/v1/runs/{run}")),
     Call("POST", "/api/v1/runs/{run_id}/cancel", "operator", slow_run),
     Call("GET", "/api/v1/runs/{run_id}/steps", "viewer", fixed("/api/v1/runs/{run}/steps")),

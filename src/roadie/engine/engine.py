@@ -107,6 +107,14 @@ class Engine(Drain):
             self.store, self.registry, self.clock, event, params, actor=actor, schedule_key=schedule_key
         )
 
+    async def start_runs(
+        self, event: EventRow, params: Sequence[dict[str, Any] | None], *, actor: str = "cli"
+    ) -> list[RunRow]:
+        """Create a run of `event` for each of `params`, all in one transaction, each
+        rendered and validated first: one bad parameter refuses them all."""
+        made = await runs.start_runs(self.store, self.registry, self.clock, event, params, actor=actor)
+        return [run for run in made if run is not None]  # (only an occurrence's run can be None)
+
     async def cancel_run(self, run_id: int, *, actor: str = "cli") -> bool:
         """Stop new dispatches; in-flight steps answer; the run ends cancelled and is cleaned up."""
         return await self.store.request_cancel(run_id, actor, self.clock.now())

@@ -7,6 +7,8 @@ that the schedules need not know the engine (the engine runs the schedules each 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +17,7 @@ from roadie.definitions import EventDefinition, FrozenDefinition, render
 from roadie.engine import leases
 from roadie.errors import DefinitionError, PermanentError, Problem, UnknownLease
 from roadie.registry import Registry
-from roadie.store import Store
+from roadie.store import NewRun, Store
 from roadie.store.rows import EventRow, RunRow
 
 
@@ -29,29 +31,57 @@ async def start_run(
     actor: str = "cli",
     schedule_key: str | None = None,
 ) -> RunRow | None:
-    """Create a run of `event` with `params`. Every step is rendered and validated now,
-    so a run with a bad parameter is refused before anything runs.
+    """Create a run of `event` with `params`: `start_runs` of one."""
+    keys = [schedule_key] if schedule_key is not None else None
+    [run] = await start_runs(store, registry, clock, event, [params], actor=actor, schedule_keys=keys)
+    return run
 
-    A `schedule_key` names one occurrence of the event's schedule, which makes at most
-    one run: None means that occurrence's run exists already."""
+
+async def start_runs(
+    store: Store,
+    registry: Registry,
+    clock: Clock,
+    event: EventRow,
+    params: Sequence[dict[str, Any] | None],
+    *,
+    actor: str = "cli",
+    schedule_keys: Sequence[str] | None = None,
+) -> list[RunRow | None]:
+    """Create a run of `event` for each of `params`, in one transaction. Every step of
+    every run is rendered and validated first, so one bad parameter refuses them all
+    before anything is stored; runs with the same params are rendered once.
+
+    `schedule_keys`, one per run, name occurrences of the event's schedule, each of which
+    makes at most one run: None in the answer means that occurrence's run exists already."""
+    if schedule_keys is not None and len(schedule_keys) != len(params):
+        raise ValueError("one schedule key per run")
     definition = EventDefinition.model_validate(event.definition)
-    try:
-        resolved = definition.resolve_params(params or {})
-    except ValueError as exc:
-        raise DefinitionError([Problem(event.event_id, None, "params", str(exc))]) from exc
-    frozen = render(definition, resolved, registry)
-    check_leases(registry, frozen)
+    rendered: dict[str, tuple[dict[str, Any], FrozenDefinition]] = {}
     now = clock.now()
-    return await store.create_run(
-        event=event,
-        definition=frozen.model_dump(mode="json", by_alias=True),
-        params=resolved,
-        cleanup_policy=definition.cleanup.value,
-        first_phase_due=now + timedelta(seconds=frozen.phases[0].after),
-        actor=actor,
-        now=now,
-        schedule_key=schedule_key,
-    )
+    new: list[NewRun] = []
+    for index, given in enumerate(params):
+        try:
+            resolved = definition.resolve_params(given or {})
+        except ValueError as exc:
+            where = "params" if len(params) == 1 else f"runs[{index}].params"
+            raise DefinitionError([Problem(event.event_id, None, where, str(exc))]) from exc
+        same = json.dumps(resolved, sort_keys=True, default=str)
+        if same not in rendered:
+            frozen = render(definition, resolved, registry)
+            check_leases(registry, frozen)
+            rendered[same] = (frozen.model_dump(mode="json", by_alias=True), frozen)
+        dumped, frozen = rendered[same]
+        new.append(
+            NewRun(
+                event=event,
+                definition=dumped,
+                params=resolved,
+                cleanup_policy=definition.cleanup.value,
+                first_phase_due=now + timedelta(seconds=frozen.phases[0].after),
+                schedule_key=schedule_keys[index] if schedule_keys is not None else None,
+            )
+        )
+    return await store.create_runs(new, actor, now)
 
 
 def check_leases(registry: Registry, frozen: FrozenDefinition) -> None:

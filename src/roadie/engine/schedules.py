@@ -109,10 +109,11 @@ def next_occurrence(schedule: ScheduleDef, after: datetime) -> datetime | None:
 async def create_due_runs(engine: Worker) -> int:
     """Make the runs every schedule has due now; answer how many this worker made.
 
-    Called by every worker on every tick. A run is made by `runs.start_run`, as `Engine.start_run` makes one
-    (the event's newest version, rendered and validated), by actor `schedule`, with the
-    schedule's params and the occurrence's key; an occurrence another worker made first
-    is passed over. A run that cannot be made (say, its module is not loaded on this
+    Called by every worker on every tick. The runs an event has due are made together by
+    `runs.start_runs`, as `Engine.start_runs` makes them (the event's newest version,
+    rendered and validated), in one transaction, by actor `schedule`, with the schedule's
+    params and each occurrence's key; an occurrence another worker made first is passed
+    over. A run that cannot be made (say, its module is not loaded on this
     worker) is logged and left due, for a worker that can, and for the next tick.
     """
     now = engine.clock.now()
@@ -129,28 +130,29 @@ async def create_due_runs(engine: Worker) -> int:
         due = due_occurrences(schedule, last, now)
         through: datetime | None = None
         failed = False
-        for occurrence in due:
-            key = schedule_key(event.event_id, occurrence)
+        if due:
+            keys = [schedule_key(event.event_id, occurrence) for occurrence in due]
             try:
-                run = await runs.start_run(
+                made_runs = await runs.start_runs(
                     engine.store,
                     engine.registry,
                     engine.clock,
                     event,
-                    schedule.params,
+                    [schedule.params] * len(due),
                     actor="schedule",
-                    schedule_key=key,
+                    schedule_keys=keys,
                 )
             except StoreError:
                 raise
             except (RoadieError, ValidationError) as exc:
-                log.warning("scheduled run refused", event_id=event.event_id, schedule_key=key, error=str(exc))
+                log.warning("scheduled run refused", event_id=event.event_id, schedule_key=keys[0], error=str(exc))
                 failed = True
-                break
-            through = occurrence
-            if run is not None:
-                made += 1
-                log.info("scheduled run created", event_id=event.event_id, run_id=run.id, schedule_key=key)
+            else:
+                through = due[-1]
+                for key, run in zip(keys, made_runs, strict=True):
+                    if run is not None:
+                        made += 1
+                        log.info("scheduled run created", event_id=event.event_id, run_id=run.id, schedule_key=key)
         if not failed and not (schedule.catch_up is CatchUp.ALL and len(due) >= BATCH):
             # Everything up to now is made or, by the policy, skipped.
             newest = previous_occurrence(schedule, now)

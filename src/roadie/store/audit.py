@@ -36,4 +36,9 @@ class AuditQueries(Connector):
 async def record_audit(
     conn: AsyncConnection, now: datetime, actor: str, action: str, subject: str, detail: Any
 ) -> None:
-    await conn.execute(audit.insert().values(at=now, actor=actor, action=action, subject=subject, detail=detail))
+    await conn.execute(audit.insert().values(**audit_entry(now, actor, action, subject, detail)))
+
+
+def audit_entry(now: datetime, actor: str, action: str, subject: str, detail: Any) -> dict[str, Any]:
+    """One audit row's values, for inserting many in one statement."""
+    return {"at": now, "actor": actor, "action": action, "subject": subject, "detail": detail}

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from roadie.states import Reversible, RunStatus, StepStatus
-from roadie.store.rows import RunRow, StepRow
+from roadie.store.rows import EventRow, RunRow, StepRow
 
 
 @dataclass
@@ -114,3 +114,16 @@ class CleanupClaim:
     run_id: int
     token: str
     ttl: float
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to create: an event's definition rendered with its params and frozen."""
+
+    event: EventRow
+    definition: dict[str, Any]
+    params: dict[str, Any]
+    cleanup_policy: str
+    first_phase_due: datetime
+    # One occurrence of the event's schedule: the database keeps one run per key.
+    schedule_key: str | None = None

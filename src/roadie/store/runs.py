@@ -25,16 +25,17 @@ from roadie.states import (
     StepStatus,
 )
 from roadie.store import dialects
-from roadie.store.audit import record_audit
+from roadie.store.audit import audit_entry, record_audit
 from roadie.store.connector import Connector, chunks
 from roadie.store.notify import notify_runs
-from roadie.store.records import PhaseCounts, RunMove
+from roadie.store.records import NewRun, PhaseCounts, RunMove
 from roadie.store.rows import (
     EventRow,
     RunRow,
     from_row,
 )
 from roadie.store.tables import (
+    audit,
     runs,
     steps,
 )
@@ -53,49 +54,70 @@ class RunQueries(Connector):
         now: datetime,
         schedule_key: str | None = None,
     ) -> RunRow | None:
-        """Insert a run. With a `schedule_key` (one occurrence of a schedule) the database
-        keeps at most one run per key: when the key is taken, another worker made this
-        occurrence's run already, nothing is inserted, and the answer is None."""
+        """Insert one run: `create_runs` of one."""
+        new = NewRun(event, definition, params, cleanup_policy, first_phase_due, schedule_key)
+        [row] = await self.create_runs([new], actor, now)
+        return row
 
-        nonce = secrets.token_hex(6)
+    async def create_runs(self, new: list[NewRun], actor: str, now: datetime) -> list[RunRow | None]:
+        """Insert runs, with their audit entries, in one transaction: a run each, in order.
 
-        async def work(conn: AsyncConnection) -> RunRow | None:
-            values = dict(
-                nonce=nonce,
-                event_id=event.event_id,
-                event_version=event.version,
-                title=event.title,
-                definition=definition,
-                params=params,
-                status=RunStatus.PENDING.value,
-                cleanup_policy=cleanup_policy,
-                cleanup_status=CleanupStatus.NOT_REQUIRED.value,
-                phase=0,
-                materialised_phase=-1,
-                phase_due_at=first_phase_due,
-                cancel_requested=False,
-                created_at=now,
-                created_by=actor,
-                cleanup_attempts=0,
-                schedule_key=schedule_key,
-            )
-            if schedule_key is None:
-                row = (await conn.execute(runs.insert().values(**values).returning(*runs.c))).one()
-            else:
+        A run with a `schedule_key` (one occurrence of a schedule) is kept at most once per
+        key by the database: when the key is taken, another worker made that occurrence's
+        run already, nothing is inserted for it, and its answer is None."""
+        nonces = [secrets.token_hex(6) for _ in new]
+        values: list[dict[str, Any]] = [
+            {
+                "nonce": nonce,
+                "event_id": n.event.event_id,
+                "event_version": n.event.version,
+                "title": n.event.title,
+                "definition": n.definition,
+                "params": n.params,
+                "status": RunStatus.PENDING.value,
+                "cleanup_policy": n.cleanup_policy,
+                "cleanup_status": CleanupStatus.NOT_REQUIRED.value,
+                "phase": 0,
+                "materialised_phase": -1,
+                "phase_due_at": n.first_phase_due,
+                "cancel_requested": False,
+                "created_at": now,
+                "created_by": actor,
+                "cleanup_attempts": 0,
+                "schedule_key": n.schedule_key,
+            }
+            for n, nonce in zip(new, nonces, strict=True)
+        ]
+        plain = [v for v in values if v["schedule_key"] is None]
+        keyed = [v for v in values if v["schedule_key"] is not None]
+
+        async def work(conn: AsyncConnection) -> list[RunRow | None]:
+            made: dict[str, RunRow] = {}  # by nonce
+            for chunk in chunks(plain, 500):
+                inserted = await conn.execute(runs.insert().returning(*runs.c, sort_by_parameter_order=True), chunk)
+                made.update((r.nonce, from_row(RunRow, r)) for r in inserted)
+            if keyed:
                 # The key's unique constraint decides; the nonce says whether this insert
                 # is the one that won. (No savepoint and no RETURNING on a conflict: both
                 # behave differently on each database.)
-                await conn.execute(dialects.insert_ignore(self.dialect, runs).values(**values))
-                row = (await conn.execute(select(runs).where(runs.c.schedule_key == schedule_key))).one()
-                if row.nonce != nonce:  # this occurrence's run exists: another worker made it
-                    return None
-            detail: dict[str, Any] = {"event": event.event_id, "params": params}
-            if schedule_key is not None:
-                detail["schedule_key"] = schedule_key
-            await record_audit(conn, now, actor, "run.start", f"run:{row.id}", detail)
-            return from_row(RunRow, row)
+                await conn.execute(dialects.insert_ignore(self.dialect, runs), keyed)
+                keys = [v["schedule_key"] for v in keyed]
+                for r in await conn.execute(select(runs).where(runs.c.schedule_key.in_(keys))):
+                    made[r.nonce] = from_row(RunRow, r)
+            rows = [made.get(nonce) for nonce in nonces]
+            entries = []
+            for row, n in zip(rows, new, strict=True):
+                if row is None:
+                    continue
+                detail: dict[str, Any] = {"event": n.event.event_id, "params": n.params}
+                if n.schedule_key is not None:
+                    detail["schedule_key"] = n.schedule_key
+                entries.append(audit_entry(now, actor, "run.start", f"run:{row.id}", detail))
+            if entries:
+                await conn.execute(audit.insert(), entries)
+            return rows
 
-        result: RunRow | None = await self._write("create_run", work)
+        result: list[RunRow | None] = await self._write("create_run", work)
         return result
 
     async def get_run(self, run_id: int) -> RunRow:

@@ -109,6 +109,15 @@ async def start_run(request: Request, body: schemas.StartRun, who: Operator) -> 
     return await service.start_run(state_of(request), body.event, body.params, who.actor, body.version)
 
 
+@router.post("/runs/batch", response_model=list[schemas.Run], status_code=201, tags=["runs"], responses=ERRORS)
+async def start_runs(request: Request, body: schemas.StartRuns, who: Operator) -> Any:
+    """Start many runs of one event, one per entry of `runs`, in one transaction (operator).
+    Every run is rendered and validated first: one bad parameter refuses them all, and
+    the error names its entry (`runs[3].params`)."""
+    params = [entry.params for entry in body.runs]
+    return await service.start_runs(state_of(request), body.event, params, who.actor, body.version)
+
+
 @router.get("/runs/{run_id}", response_model=schemas.Run, tags=["runs"], responses=ERRORS)
 async def get_run(request: Request, run_id: RowId, who: Viewer) -> Any:
     return await state_of(request).store.get_run(run_id)

@@ -72,6 +72,20 @@ class StartRun(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class RunParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class StartRuns(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    event: str = Field(min_length=1, max_length=100, description="The event's id.")
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="A stored version; default the newest.")
+    runs: list[RunParams] = Field(min_length=1, max_length=1000, description="One entry per run, with its params.")
+
+
 class CancelAnswer(Model):
     run_id: int
     cancel_requested: bool

@@ -43,6 +43,13 @@ async def start_run(
     return await state.engine.start_run(event, params, actor=actor)
 
 
+async def start_runs(
+    state: WebState, event_id: str, params: list[dict[str, Any]], actor: str, version: int | None = None
+) -> list[RunRow]:
+    event = await state.store.get_event(event_id, version)
+    return await state.engine.start_runs(event, params, actor=actor)
+
+
 async def cancel_run(state: WebState, run_id: int, actor: str) -> None:
     run = await state.store.get_run(run_id)
     if not await state.engine.cancel_run(run_id, actor=actor):
