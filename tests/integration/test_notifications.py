@@ -121,6 +121,7 @@ def test_a_failed_run_and_its_cleanup_are_told_once_each_signed(harness: Harness
         await harness.restart()
         run = await harness.start(FAILING)
         [run] = await harness.settle(run)
+        await harness.engine.notifications_sent()  # the worker's own send, beside the drain
         assert (run.status, run.cleanup_status) == ("failed", "incomplete")
         notifier = harness.engine.notifier
         assert notifier is not None
@@ -165,6 +166,7 @@ def test_a_receiver_that_fails_is_tried_again_later_and_one_that_refuses_is_not(
         assert notifier is not None
         run = await harness.start(FAILING)
         [run] = await harness.settle(run)
+        await harness.engine.notifications_sent()  # the worker's own send, beside the drain
         start = harness.clock.now()
         assert await notifier.deliver_due() == 0  # run.started: 503; run.failed: 503 (Retry-After: 120)
         assert await notifier.deliver_due() == 0  # both wait
@@ -183,6 +185,7 @@ def test_a_receiver_that_fails_is_tried_again_later_and_one_that_refuses_is_not(
         receiver.script = [("started", 400, {})]
         second = await harness.start(FAILING.replace("id: raid", "id: raid2"))
         await harness.settle(second)
+        await harness.engine.notifications_sent()  # the worker's own send, beside the drain
         harness.clock.set(harness.clock.now() + timedelta(hours=5))
         while await notifier.deliver_due():
             pass
@@ -197,6 +200,31 @@ def test_a_receiver_that_fails_is_tried_again_later_and_one_that_refuses_is_not(
     harness.run(body)
 
 
+def test_one_sender_at_a_time_holds_a_webhook_so_its_messages_keep_their_order(harness: Harness) -> None:
+    """While one sender holds a webhook, another takes none of its deliveries, though the
+    first took only the oldest: the later ones cannot overtake it. Once it is given back
+    the rest go in order; a holder that died is taken over when its claim runs out."""
+
+    async def body() -> None:
+        store, now = harness.store, harness.clock.now()
+        await store.register_webhooks(["ops"], now)
+        run = await harness.start(FAILING)
+        await harness.settle(run)
+        first = await store.claim_deliveries(["ops"], "a", now, 60, limit=1)
+        assert [d.kind for d in first] == ["run.started"]
+        assert await store.claim_deliveries(["ops"], "b", now, 60) == []
+        assert await store.finish_delivery(first[0], "delivered", now)
+        await store.release_webhooks("a")
+        rest = await store.claim_deliveries(["ops"], "b", now, 60, limit=1)
+        assert [d.kind for d in rest] == ["run.failed"]
+        assert await store.claim_deliveries(["ops"], "c", now + timedelta(seconds=59), 60) == []
+        later = await store.claim_deliveries(["ops"], "c", now + timedelta(seconds=61), 60)
+        assert [d.kind for d in later] == ["run.failed", "cleanup.complete"]
+        assert not await store.finish_delivery(rest[0], "delivered", now)  # b's claim is gone
+
+    harness.run(body)
+
+
 def test_a_webhook_added_later_is_not_sent_the_past(harness: Harness, receiver: Receiver) -> None:
     async def body() -> None:
         first = await harness.start(FAILING)
@@ -205,6 +233,7 @@ def test_a_webhook_added_later_is_not_sent_the_past(harness: Harness, receiver: 
         await harness.restart()
         second = await harness.start(FAILING.replace("id: raid", "id: raid2"))
         await harness.settle(second)
+        await harness.engine.notifications_sent()  # the worker's own send, beside the drain
         notifier = harness.engine.notifier
         assert notifier is not None
         while await notifier.deliver_due():

@@ -21,7 +21,7 @@ from tests.integration.test_ledger_rules import one_step
 from roadie.engine import Engine, EngineOptions, leases
 from roadie.errors import InvalidState, PermanentError, StoreError
 from roadie.registry import Call, Module
-from roadie.states import Reversible
+from roadie.states import OVERRIDE_KIND, Reversible
 from roadie.store import NewResource, Store
 from roadie.store.migrate import alembic_config
 
@@ -132,6 +132,39 @@ def test_the_expiry_sweeper_and_a_cleanup_never_both_give_back_one_lease(harness
         assert harness.probe.dial == 1.5
         report = await harness.engine.clean_up(a.id)
         assert report.status == "complete"
+
+    harness.run(body)
+
+
+def test_a_cleanup_that_found_a_lease_held_by_a_restorer_since_dead_leaves_the_run_pending(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweeper took an expired lease and died: the row is its until its claim runs out. A
+    cleanup that found the row held, and ends after that claim ran out, has failed nothing:
+    the run stays `pending`, not `incomplete`, and the next cleanup gives the value back.
+    (CI saw one run of fifty end `incomplete` with nothing failed, workers being killed.)"""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold=", for: 10s"))
+        [a] = await harness.settle(a)
+        harness.clock.advance(11)
+        [row] = [r for r in await harness.store.list_resources(a.id, live_only=True) if r.kind == OVERRIDE_KIND]
+        assert await harness.store.claim_expired_lease(row.id, "dead-sweeper", harness.clock.now(), 5.0)
+        claim_row = harness.store.claim_lease_row
+
+        async def the_dead_claim_runs_out_just_after(*args: Any) -> bool:
+            taken = await claim_row(*args)
+            harness.clock.advance(6)
+            return taken
+
+        monkeypatch.setattr(harness.store, "claim_lease_row", the_dead_claim_runs_out_just_after)
+        report = await harness.engine.clean_up(a.id)
+        assert (report.status, report.held, report.failed) == ("pending", 1, 0), report
+        monkeypatch.undo()
+        report = await harness.engine.clean_up(a.id)
+        assert (report.status, report.restored) == ("complete", 1)
+        assert harness.probe.dial == 1.5
 
     harness.run(body)
 

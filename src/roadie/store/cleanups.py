@@ -145,8 +145,9 @@ class CleanupQueries(Connector):
         slip between the count and the verdict (late reports wait for the claim to go).
 
         `complete` when nothing is live; `incomplete` when something is; still `pending`
-        when all that is live is lease rows another restorer (the expiry sweeper) holds
-        right now, so the cleanup is due again once they are given back. A cleanup of one
+        when all that is live is lease rows another restorer (the expiry sweeper) held
+        when this cleanup came to them, so the cleanup is due again to take back what that
+        restorer did not (it may have died, its claim running out). A cleanup of one
         member (`member_key`) leaves the run's status as it was, and answers its own.
         Claim: the run's cleanup. Raises `ClaimLost`, writing nothing, when it is gone.
         """
@@ -161,9 +162,10 @@ class CleanupQueries(Connector):
                     await conn.execute(
                         select(func.count()).where(
                             *live,
+                            # Held by another restorer, or by one whose claim ran out since
+                            # this cleanup found it held: the next cleanup takes it over.
                             run_resources.c.claim_token.is_not(None),
                             run_resources.c.claim_token != claim.token,
-                            run_resources.c.claim_expires >= now,
                         )
                     )
                 ).scalar()
