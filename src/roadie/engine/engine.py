@@ -172,6 +172,11 @@ class Engine(Drain):
         while self._cleanups:
             await asyncio.wait(list(self._cleanups.values()))
 
+    async def notifications_sent(self) -> None:
+        """Wait for the webhook sends under way to end (each send has its deadline)."""
+        if self._sending is not None:
+            await self._sending
+
     async def close(self) -> None:
         """Stop the automatic cleanups and the webhook sends under way (their claims expire,
         and another worker takes them over), so that none touches the store after its owner
@@ -223,8 +228,7 @@ class Engine(Drain):
         try:
             await self._work_forever()
             await self.cleanups_done()
-            if self._sending is not None:  # each send has its deadline
-                await self._sending
+            await self.notifications_sent()
         finally:
             await self.close()
             self._heart.cancel()

@@ -103,15 +103,21 @@ class Notifier:
         if not self.webhooks:
             return 0
         await self.register()
-        # Each target's deliveries go one after another, oldest first, so a channel reads
-        # "started" before "failed"; the targets side by side. The claim outlives them all.
+        # A webhook is held by one sender at a time and its deliveries go one after
+        # another, oldest first, so a channel reads "started" before "failed" whichever
+        # worker sends them; the webhooks side by side. The claim outlives them all.
         ttl = max(w.timeout for w in self.webhooks.values()) * (BATCH + 1)
         token = mint_token(self.incarnation)
         batch = await self.store.claim_deliveries(self.webhooks, token, self.clock.now(), ttl, BATCH)
+        if not batch:
+            return 0
         by_target: dict[str, list[Delivery]] = {}
         for delivery in batch:
             by_target.setdefault(delivery.target, []).append(delivery)
-        return sum(await asyncio.gather(*(self._send_in_order(d) for d in by_target.values())))
+        try:
+            return sum(await asyncio.gather(*(self._send_in_order(d) for d in by_target.values())))
+        finally:
+            await self.store.release_webhooks(token)
 
     async def _send_in_order(self, batch: list[Delivery]) -> int:
         return sum([await self._send(delivery) for delivery in batch])

@@ -76,26 +76,48 @@ class NotifyQueries(Connector):
     async def claim_deliveries(
         self, targets: Iterable[str], token: str, now: datetime, ttl: float, limit: int = 20
     ) -> list[Delivery]:
-        """Take up to `limit` deliveries to `targets` that are due, oldest first, for `ttl`
-        seconds. Two senders never hold one: the rows are locked and skipped (PostgreSQL,
-        MariaDB) or the write is serialised (SQLite), and each claim is fenced on the row
-        being free still."""
+        """Take the webhooks among `targets` that have something due and that no other
+        sender holds, and up to `limit` of their due deliveries, oldest first, for `ttl`
+        seconds. One sender holds a webhook at a time, so what it is sent leaves in the
+        order it was written whichever worker sends it; `release_webhooks` gives the
+        webhooks back. Each delivery's claim is fenced as well, on the row being free still
+        (its rows are locked and skipped on PostgreSQL and MariaDB; SQLite serialises)."""
         wanted = list(targets)
         if not wanted:
             return []
+        until = now + timedelta(seconds=ttl)
         free = or_(deliveries.c.claim_token.is_(None), deliveries.c.claim_expires <= now)
         due = and_(deliveries.c.target.in_(wanted), deliveries.c.state == "pending", deliveries.c.next_at <= now, free)
+        unheld = or_(webhook_targets.c.claim_token.is_(None), webhook_targets.c.claim_expires <= now)
 
         async def work(conn: AsyncConnection) -> list[Delivery]:
-            query = select(deliveries.c.id).where(due).order_by(deliveries.c.id).limit(limit)
+            waiting = list((await conn.execute(select(deliveries.c.target).where(due).distinct())).scalars())
+            if not waiting:
+                return []
+            await conn.execute(
+                update(webhook_targets)
+                .where(webhook_targets.c.name.in_(waiting), unheld)
+                .values(claim_token=token, claim_expires=until)
+            )
+            held = select(webhook_targets.c.name).where(
+                webhook_targets.c.name.in_(waiting), webhook_targets.c.claim_token == token
+            )
+            mine = list((await conn.execute(held)).scalars())
+            if not mine:
+                return []
+            ours = and_(due, deliveries.c.target.in_(mine))
+            query = select(deliveries.c.id).where(ours).order_by(deliveries.c.id).limit(limit)
             query = dialects.skip_locked(self.dialect, query)
             ids = list((await conn.execute(query)).scalars())
             if not ids:
+                await conn.execute(
+                    update(webhook_targets)
+                    .where(webhook_targets.c.claim_token == token)
+                    .values(claim_token=None, claim_expires=None)
+                )
                 return []
             await conn.execute(
-                update(deliveries)
-                .where(deliveries.c.id.in_(ids), due)
-                .values(claim_token=token, claim_expires=now + timedelta(seconds=ttl))
+                update(deliveries).where(deliveries.c.id.in_(ids), ours).values(claim_token=token, claim_expires=until)
             )
             taken = (
                 select(deliveries, notifications.c.kind, notifications.c.payload, notifications.c.created_at)
@@ -119,6 +141,18 @@ class NotifyQueries(Connector):
 
         result: list[Delivery] = await self._write("claim_deliveries", work)
         return result
+
+    async def release_webhooks(self, token: str) -> None:
+        """Give back the webhooks held under `token`, once what was taken with them is sent."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(webhook_targets)
+                .where(webhook_targets.c.claim_token == token)
+                .values(claim_token=None, claim_expires=None)
+            )
+
+        await self._write("release_webhooks", work)
 
     async def finish_delivery(
         self,

@@ -337,6 +337,9 @@ webhook_targets = Table(
     metadata,
     Column("name", String(64), primary_key=True),
     Column("registered_at", UTCDateTime, nullable=False),
+    # The sender that holds a webhook sends its deliveries, one after another, oldest first.
+    Column("claim_token", String(64)),
+    Column("claim_expires", UTCDateTime),
 )
 
 # One notification sent to one webhook, retried until it is taken, refused for good, or

@@ -44,6 +44,8 @@ def upgrade() -> None:
         "webhook_targets",
         sa.Column("name", sa.String(length=64), nullable=False),
         sa.Column("registered_at", PRECISE_DATETIME, nullable=False),
+        sa.Column("claim_token", sa.String(length=64), nullable=True),
+        sa.Column("claim_expires", PRECISE_DATETIME, nullable=True),
         sa.PrimaryKeyConstraint("name", name=_pk("webhook_targets")),
         **TABLE_OPTIONS,
     )
