@@ -263,3 +263,36 @@ def test_a_run_that_cannot_be_made_is_left_due_for_a_worker_that_can(harness: Ha
         assert keys(await all_runs(harness)) == [key("patrol", T0 + timedelta(minutes=10))]
 
     harness.run(body)
+
+
+def test_a_refused_scheduled_run_is_told_once_per_version_not_at_every_poll(harness: Harness) -> None:
+    """A worker that cannot start the scheduled run tries again at every poll, but the
+    refusal is written to the audit trail once for the event's version, whichever worker
+    meets it; a new version that is still refused is told once more."""
+    event = scheduled_event("  cron: '*/10 * * * *'")
+
+    async def refusals() -> list[dict[str, object]]:
+        rows = await harness.store.list_audit(subject="event:patrol")
+        return [r.detail for r in rows if r.action == "schedule.refused"]
+
+    async def body() -> None:
+        await harness.apply(event)
+        bare = [
+            Engine(harness.store, Registry(harness.clock), clock=harness.clock, worker_id=f"bare{i}") for i in (1, 2)
+        ]
+        harness.clock.set(T0 + timedelta(minutes=10))
+        for _ in range(3):
+            for worker in bare:
+                await worker.tick()
+        [told] = await refusals()
+        assert (told["version"], told["schedule_key"]) == (1, key("patrol", T0 + timedelta(minutes=10)))
+        assert "core.log" in str(told["error"])
+        await harness.apply(event.replace("wave", "round"))
+        harness.clock.advance(1)
+        for worker in bare:
+            await worker.tick()
+        assert [t["version"] for t in await refusals()] == [2, 1]
+        await harness.engine.tick()
+        assert keys(await all_runs(harness)) == [key("patrol", T0 + timedelta(minutes=10))]
+
+    harness.run(body)

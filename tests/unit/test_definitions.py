@@ -34,6 +34,18 @@ def registry() -> Registry:
     @spawn.revert
     def despawn(call: Any) -> None: ...
 
+    @world.lease("xp_rate")
+    def xp_rate(call: Any) -> float: ...
+
+    @xp_rate.write
+    def set_xp_rate(call: Any, value: Any) -> None: ...
+
+    @world.lease("weather", targeted=True)
+    def weather(call: Any) -> str: ...
+
+    @weather.write
+    def set_weather(call: Any, value: Any) -> None: ...
+
     reg = Registry()
     reg.register(world)
     reg.register(core.module)
@@ -652,3 +664,80 @@ def test_control_characters_are_a_problem_not_a_crash() -> None:
     with pytest.raises(DefinitionError) as caught:
         load_definition("\x1f", "bad.yaml")
     assert str(caught.value).startswith("bad.yaml: invalid YAML: unacceptable character #x001f")
+
+
+# --- what a start would refuse, refused when the file is checked -----------------------------
+
+BORROW = """\
+id: borrow
+params:
+  region: {type: str}
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        timeout: 10s
+        with: {WITH}
+"""
+
+
+@pytest.mark.parametrize(
+    ("with_", "field", "message"),
+    [
+        ("{lease: world.nothing, value: 2}", "with.lease", "unknown lease 'world.nothing'"),
+        ("{lease: world.weather, value: storm}", "with.target", "lease world.weather is targeted: say which target"),
+        ("{lease: world.xp_rate, target: yew, value: 2}", "with.target", "lease world.xp_rate takes no target"),
+    ],
+)
+def test_a_borrow_a_start_would_refuse_is_refused_by_validate_and_by_render(
+    registry: Registry, with_: str, field: str, message: str
+) -> None:
+    """A lease no module registers, a targeted lease without its target, a target for a
+    lease that takes none: each is refused when the file is checked, at its line, and
+    (named through a param the check cannot know) when a run would start."""
+    [problem] = problems_of(BORROW.replace("{WITH}", with_), reg=registry)
+    assert (problem.line, problem.field, problem.message.split(" (did")[0]) == (
+        9,
+        f"phases[0].steps[0].{field}",
+        message,
+    )
+    lease_name = with_.split("lease: ")[1].split(",")[0]
+    late = BORROW.replace("{WITH}", with_.replace(f"lease: {lease_name}", 'lease: "{{ region }}"'))
+    definition = load_definition(late, "borrow.yaml", registry)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"region": lease_name}), registry)
+    [problem] = caught.value.problems
+    assert (problem.field, problem.message.split(" (did")[0]) == (f"phases[0].steps[0].{field}", message)
+
+
+def test_a_templated_target_is_left_to_the_start(registry: Registry) -> None:
+    """A target written as a template is not known when the file is checked: the borrow
+    passes, and the run's own params decide."""
+    text = BORROW.replace("{WITH}", '{lease: world.weather, target: "{{ region }}", value: storm}')
+    definition = load_definition(text, "borrow.yaml", registry)
+    frozen = render(definition, definition.resolve_params({"region": "yew"}), registry)
+    assert frozen.phases[0].steps[0].params["target"] == "yew"
+
+
+def test_a_wait_as_long_as_its_timeout_is_refused(registry: Registry) -> None:
+    """`core.wait for: 8s` under `timeout: 3s` could never finish: refused at its line
+    when checked, and at the start when the wait comes from a param."""
+    wait = """\
+id: pause
+params:
+  hold: {type: str, default: 1s}
+phases:
+  - name: only
+    steps:
+      - action: core.wait
+        timeout: 3s
+        with: {for: FOR}
+"""
+    [problem] = problems_of(wait.replace("FOR", "8s"), reg=registry)
+    assert (problem.line, problem.field) == (9, "phases[0].steps[0].with.for")
+    assert problem.message.startswith("waits 8s, as long as or longer than the step's timeout (3s)")
+    definition = load_definition(wait.replace("FOR", '"{{ hold }}"'), "pause.yaml", registry)
+    assert render(definition, definition.resolve_params({}), registry).phases[0].steps[0].params["for"] == 1.0
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"hold": "1m"}), registry)
+    assert [p.field for p in caught.value.problems] == ["phases[0].steps[0].with.for"]

@@ -21,7 +21,7 @@ from jinja2 import meta, nodes
 from jinja2.exceptions import SecurityError, TemplateSyntaxError
 from pydantic import ValidationError
 
-from roadie.definitions.model import EventDefinition, ParamSpec
+from roadie.definitions.model import EventDefinition, ParamSpec, StepDef
 from roadie.definitions.render import (
     ENV,
     RESERVED_NAMES,
@@ -33,10 +33,12 @@ from roadie.definitions.render import (
     field_path,
     has_template,
     render_value,
+    step_rules,
     suggest,
     template_context,
     template_strings,
 )
+from roadie.durations import parse_duration
 from roadie.errors import DefinitionError, Problem, UnknownAction
 from roadie.registry.module import Action
 from roadie.registry.registry import Registry
@@ -351,7 +353,7 @@ class _Checker:
             self._add((*where, "action"), exc.message)
             return
         if isinstance(raw_with, dict):
-            self._check_with(with_path, action, raw_with, templates_ok)
+            self._check_with(with_path, action, raw_with, templates_ok, _timeout(step))
 
     def _check_templates(self, with_path: FieldPath, raw_with: Any) -> set[Any]:
         """Report bad syntax and undeclared names; the `with:` keys whose templates are sound."""
@@ -375,7 +377,9 @@ class _Checker:
                 sound.add(key)
         return sound
 
-    def _check_with(self, with_path: FieldPath, action: Action, raw_with: dict[Any, Any], sound: set[Any]) -> None:
+    def _check_with(
+        self, with_path: FieldPath, action: Action, raw_with: dict[Any, Any], sound: set[Any], timeout: float | None
+    ) -> None:
         model = action.params
         accepted = accepted_keys(model)
         forbids_extra = model.model_config.get("extra") == "forbid"
@@ -412,6 +416,20 @@ class _Checker:
                 self._add((*with_path, *loc), error_message(error, model))
         except Exception as exc:
             self._add(with_path, f"invalid parameters: {exc}")
+            return
+        assert self.registry is not None  # checked by the caller
+        known = {str(key): value for key, value in probe.items()}
+        for path, message in step_rules(self.registry, action, known, timeout, unchecked):
+            self._add((*with_path, *path), message)
+
+
+def _timeout(step: dict[Any, Any]) -> float | None:
+    """The step's timeout as written, or its default; None when it is not a duration (the
+    model says why)."""
+    try:
+        return parse_duration(step.get("timeout", StepDef.model_fields["timeout"].default))
+    except ValueError:
+        return None
 
 
 def _referenced(tree: nodes.Template) -> set[str]:

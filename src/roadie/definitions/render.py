@@ -33,7 +33,9 @@ from roadie.definitions.model import (
     RenderedPhase,
     RenderedStep,
 )
-from roadie.errors import DefinitionError, Problem, UnknownAction
+from roadie.durations import format_duration, parse_duration
+from roadie.errors import DefinitionError, Problem, UnknownAction, UnknownLease
+from roadie.registry.module import Action
 from roadie.registry.registry import Registry
 
 FieldPath = tuple[str | int, ...]
@@ -280,6 +282,48 @@ def error_message(error: ErrorDetails, root: type[BaseModel]) -> str:
     return message
 
 
+def step_rules(
+    registry: Registry,
+    action: Action,
+    values: Mapping[str, Any],
+    timeout: float | None,
+    unknown: Iterable[str] = (),
+) -> list[tuple[FieldPath, str]]:
+    """What a step's action would refuse whatever the world says, beyond its parameters'
+    own model: a borrow of a lease no module registers, or without the target a targeted
+    lease needs; a `core.wait` longer than its step's timeout. `values` are the step's
+    parameters as written (aliases such as `for` kept); the keys in `unknown` are not known
+    yet (templates, before the run's params are) and are not judged. Paths are within
+    `with:`."""
+    unknown = set(unknown)
+    found: list[tuple[FieldPath, str]] = []
+    if action.borrows and isinstance(values.get("lease"), str):
+        try:
+            lease = registry.lease(values["lease"])
+        except UnknownLease as exc:
+            return [(("lease",), exc.message)]
+        if "target" not in unknown:
+            target = values.get("target")
+            if lease.targeted and target is None:
+                found.append((("target",), f"lease {lease.id} is targeted: say which target"))
+            elif not lease.targeted and target is not None:
+                found.append((("target",), f"lease {lease.id} takes no target"))
+    if action.id == "core.wait" and timeout is not None and "for" in values and "for" not in unknown:
+        try:
+            wait = parse_duration(values["for"])
+        except ValueError:
+            return found  # the action's model says why
+        if wait >= timeout:
+            found.append(
+                (
+                    ("for",),
+                    f"waits {format_duration(wait)}, as long as or longer than the step's timeout "
+                    f"({format_duration(timeout)}): it could never finish; raise the step's timeout",
+                )
+            )
+    return found
+
+
 def render(
     definition: EventDefinition,
     params: dict[str, Any],
@@ -335,6 +379,8 @@ def render(
                 field = field_path((*where, "with"))
                 problems.append(Problem(source, None, field, f"invalid parameters: {exc}"))
                 continue
+            for path, message in step_rules(registry, action, values, step.timeout):
+                problems.append(Problem(source, None, field_path((*where, "with", *path)), message))
             steps.append(
                 RenderedStep(
                     phase=phase_index,

@@ -14,8 +14,7 @@ from typing import Any
 
 from roadie.clock import Clock
 from roadie.definitions import EventDefinition, FrozenDefinition, render
-from roadie.engine import leases
-from roadie.errors import DefinitionError, PermanentError, Problem, UnknownLease
+from roadie.errors import DefinitionError, Problem
 from roadie.registry import Registry
 from roadie.store import NewRun, Store
 from roadie.store.rows import EventRow, RunRow
@@ -68,7 +67,6 @@ async def start_runs(
         same = json.dumps(resolved, sort_keys=True, default=str)
         if same not in rendered:
             frozen = render(definition, resolved, registry)
-            check_leases(registry, frozen)
             rendered[same] = (frozen.model_dump(mode="json", by_alias=True), frozen)
         dumped, frozen = rendered[same]
         new.append(
@@ -82,18 +80,3 @@ async def start_runs(
             )
         )
     return await store.create_runs(new, actor, now)
-
-
-def check_leases(registry: Registry, frozen: FrozenDefinition) -> None:
-    """Refuse a run whose borrowing steps name a lease no module registers, all at once."""
-    problems = []
-    for p_index, phase in enumerate(frozen.phases):
-        for step in phase.steps:
-            if registry.action(step.action).borrows:
-                try:
-                    leases.lease_ref(registry, step.params)
-                except (UnknownLease, PermanentError) as exc:
-                    field = f"phases[{p_index}].steps[{step.seq}].with.lease"
-                    problems.append(Problem(frozen.event.id, None, field, str(exc)))
-    if problems:
-        raise DefinitionError(problems)

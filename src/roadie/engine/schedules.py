@@ -145,7 +145,12 @@ async def create_due_runs(engine: Worker) -> int:
             except StoreError:
                 raise
             except (RoadieError, ValidationError) as exc:
-                log.warning("scheduled run refused", event_id=event.event_id, schedule_key=keys[0], error=str(exc))
+                # Tried again at every poll (a module may yet announce the action it
+                # lacks), but told once per version of the event, in the audit trail.
+                error = str(exc)
+                told = await engine.store.note_schedule_refusal(event, keys[0], error, now)
+                report = log.warning if told else log.debug
+                report("scheduled run refused", event_id=event.event_id, schedule_key=keys[0], error=error)
                 failed = True
             else:
                 through = due[-1]

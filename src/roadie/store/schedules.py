@@ -14,6 +14,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store import dialects
+from roadie.store.audit import record_audit
 from roadie.store.connector import Connector
 from roadie.store.rows import (
     EventRow,
@@ -21,9 +22,12 @@ from roadie.store.rows import (
     from_row,
 )
 from roadie.store.tables import (
+    audit,
     events,
     schedules,
 )
+
+REFUSED = "schedule.refused"
 
 
 class ScheduleQueries(Connector):
@@ -86,3 +90,33 @@ class ScheduleQueries(Connector):
             await conn.execute(delete(schedules).where(schedules.c.event_id == event_id))
 
         await self._write("forget_schedule", work)
+
+    async def note_schedule_refusal(self, event: EventRow, schedule_key: str, error: str, now: datetime) -> bool:
+        """Record in the audit trail that the schedule of `event` cannot start its runs,
+        once per version: False, writing nothing, when that is recorded since the newest
+        version was applied (by this worker or another), so a refusal met at every poll
+        is told once, and a new version is judged afresh."""
+        subject = f"event:{event.event_id}"
+        applied = (
+            select(func.max(audit.c.id)).where(audit.c.subject == subject, audit.c.action == "event.apply")
+        ).scalar_subquery()
+        told = (
+            select(audit.c.id)
+            .where(audit.c.subject == subject, audit.c.action == REFUSED, audit.c.id > func.coalesce(applied, 0))
+            .limit(1)
+        )
+
+        async def seen(conn: AsyncConnection) -> bool:
+            return (await conn.execute(told)).first() is not None
+
+        async def work(conn: AsyncConnection) -> bool:
+            if await seen(conn):
+                return False
+            detail = {"version": event.version, "schedule_key": schedule_key, "error": error[:2000]}
+            await record_audit(conn, now, "schedule", REFUSED, subject, detail)
+            return True
+
+        if await self._read(seen):  # the usual case once told: no write at every poll
+            return False
+        result: bool = await self._write("note_schedule_refusal", work)
+        return result
