@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from roadie.definitions import EventDefinition, FrozenDefinition, load_definition, load_file, render
+from roadie.definitions.model import ParamSpec
 from roadie.errors import DefinitionError, Problem
 from roadie.modules import core
 from roadie.registry import Module, Registry
@@ -741,3 +742,23 @@ phases:
     with pytest.raises(DefinitionError) as caught:
         render(definition, definition.resolve_params({"hold": "1m"}), registry)
     assert [p.field for p in caught.value.problems] == ["phases[0].steps[0].with.for"]
+
+
+@pytest.mark.parametrize("given", ["nan", "inf", "-inf", float("nan"), float("inf")])
+def test_a_number_param_must_be_finite(given: Any) -> None:
+    """NaN passes every comparison with min and max, and infinity is no rate: both are
+    refused, as text from a command line and as numbers from JSON."""
+    spec = ParamSpec(type="float", min=0.5, max=5)
+    with pytest.raises(ValueError, match="param 'rate' must be a finite number"):
+        spec.coerce("rate", given)
+
+
+def test_list_and_dict_params_are_given_as_json() -> None:
+    """`-p waves='[3, 5]'` and `-p loot='{"gold": 2}'` arrive as text: read as JSON, and a
+    text that is not JSON is refused saying how to write it."""
+    assert ParamSpec(type="list").coerce("waves", "[3, 5]") == [3, 5]
+    assert ParamSpec(type="dict").coerce("loot", '{"gold": 2}') == {"gold": 2}
+    with pytest.raises(ValueError, match=r"param 'waves' must be list \(write it as JSON\)"):
+        ParamSpec(type="list").coerce("waves", "3, 5")
+    with pytest.raises(ValueError, match=r"param 'loot' must be dict, got \[1\]"):
+        ParamSpec(type="dict").coerce("loot", "[1]")

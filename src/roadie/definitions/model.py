@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
+import math
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -69,9 +71,16 @@ class ParamSpec(_Strict):
                 value = True
             elif lowered in ("false", "no", "off", "0"):
                 value = False
+        elif self.type in ("list", "dict") and isinstance(value, str):
+            # As given on a command line or in a form: JSON, `[1, 2]` or `{"a": 1}`.
+            with contextlib.suppress(ValueError):
+                value = json.loads(value)
         expected = _PY_TYPES[self.type]
         if not isinstance(value, expected) or (self.type in ("int", "float") and isinstance(value, bool)):
-            raise ValueError(f"param {name!r} must be {self.type}, got {value!r}")
+            hint = " (write it as JSON)" if self.type in ("list", "dict") and isinstance(value, str) else ""
+            raise ValueError(f"param {name!r} must be {self.type}{hint}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"param {name!r} must be a finite number, got {value!r}")
         number: Any = value  # only compared when min or max is set, which only numbers have
         if self.min is not None and number < self.min:
             raise ValueError(f"param {name!r} must be at least {self.min:g}, got {value!r}")
