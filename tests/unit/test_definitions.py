@@ -762,3 +762,57 @@ def test_list_and_dict_params_are_given_as_json() -> None:
         ParamSpec(type="list").coerce("waves", "3, 5")
     with pytest.raises(ValueError, match=r"param 'loot' must be dict, got \[1\]"):
         ParamSpec(type="dict").coerce("loot", "[1]")
+
+
+NESTED = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}done"
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("{{ 'a'.ljust(10**8) }}", "template refused by the sandbox: 100000000 is too large an argument for ljust()"),
+        (
+            "{% for i in range(9999) %}{{ 'a' * 999 }}{% endfor %}",
+            "template refused by the sandbox: the template writes more than 1,000,000 characters",
+        ),
+        (NESTED, "templates took longer than 2s to render"),
+    ],
+)
+def test_a_template_is_bounded_in_size_and_time(registry: Registry, template: str, message: str) -> None:
+    """A template that would pad a string to 100 MB, write out 10 MB, or loop 10^10 times
+    is refused when the file is checked, at its step, well before it hurts anything."""
+    text = f"""\
+id: heavy
+phases:
+  - name: only
+    steps:
+      - action: core.log
+        with: {{message: "{template}"}}
+"""
+    [problem] = problems_of(text, reg=registry)
+    assert problem.field.startswith("phases[0].steps[0].with")
+    assert problem.message == message
+
+
+def test_a_slow_template_is_refused_when_the_run_starts(registry: Registry) -> None:
+    """The same loops fed by a param without a default pass the check (it cannot render
+    them) and are stopped when a run would start, naming the step."""
+    text = """\
+id: heavy
+params:
+  n: {type: int}
+phases:
+  - name: only
+    steps:
+      - action: core.log
+        with: {message: "{% for i in range(n) %}{% for j in range(n) %}{% endfor %}{% endfor %}done"}
+"""
+    definition = load_definition(text, "heavy.yaml", registry)
+    assert (
+        render(definition, definition.resolve_params({"n": 3}), registry).phases[0].steps[0].params["message"] == "done"
+    )
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"n": 99999}), registry)
+    assert [str(p) for p in caught.value.problems] == [
+        "heavy: phases[0].steps[0].with: templates took longer than 2s to render"
+    ]

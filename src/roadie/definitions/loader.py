@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from roadie.definitions.model import EventDefinition, ParamSpec, StepDef
 from roadie.definitions.render import (
     ENV,
+    RENDER_SECONDS,
     RESERVED_NAMES,
     FieldPath,
     TemplateFailure,
@@ -37,6 +38,7 @@ from roadie.definitions.render import (
     suggest,
     template_context,
     template_strings,
+    within,
 )
 from roadie.durations import parse_duration
 from roadie.errors import DefinitionError, Problem, UnknownAction
@@ -98,7 +100,7 @@ def load_definition(text: str, source: str, registry: Registry | None = None) ->
             problems.append(Problem(source, _line(lines, loc), field_path(loc), error_message(error, EventDefinition)))
     # The raw data, not the model, drives the step checks: they still run on the steps
     # that are well formed when others are not, so one report holds every mistake.
-    problems.extend(_Checker(data, source, lines, registry).problems())
+    problems.extend(_Checker(data, source, lines, registry).bounded_problems())
 
     if problems or definition is None:
         problems.sort(key=lambda p: (p.line is None, p.line or 0))
@@ -293,6 +295,15 @@ class _Checker:
         self.params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
         self.param_names = [str(name) for name in self.params]
         self.allowed = set(self.param_names) | RESERVED_NAMES | set(ENV.globals)
+        self.at: FieldPath = ()  # the step being checked, for a check that runs out of time
+
+    def bounded_problems(self) -> list[Problem]:
+        """The problems found, the probes' rendering bounded in time as a run's is."""
+        found = within(RENDER_SECONDS, self.problems)
+        if found is None:
+            self._add(self.at, f"templates took longer than {RENDER_SECONDS:g}s to render")
+            return self.found
+        return found
 
     def problems(self) -> list[Problem]:
         self._check_param_names()
@@ -340,6 +351,7 @@ class _Checker:
         with_key = "with" if "with" in step or "with_" not in step else "with_"
         raw_with = step.get(with_key, {})
         with_path: FieldPath = (*where, with_key)
+        self.at = with_path
         templates_ok = self._check_templates(with_path, raw_with)
 
         action_id = step.get("action")

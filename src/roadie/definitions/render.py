@@ -12,12 +12,14 @@ both halves — the loader checking a file and `render` checking a run — repor
 
 from __future__ import annotations
 
+import ctypes
 import difflib
 import re
+import threading
 import types
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from functools import lru_cache
-from typing import Any, Union, get_args, get_origin
+from typing import Any, TypeVar, Union, get_args, get_origin
 
 from jinja2 import StrictUndefined, Undefined
 from jinja2.environment import Template, TemplateExpression
@@ -43,10 +45,15 @@ FieldPath = tuple[str | int, ...]
 RESERVED_NAMES = frozenset({"params", "event", "run"})
 """Names a template sees besides the params themselves; no param may take one."""
 
-# Bounds on the two operators that let a one-line template exhaust a worker's memory or
-# CPU (`{{ 'x' * 10**10 }}`, `{{ 9**9**9 }}`). Legitimate event templates stay far below.
+# Bounds on what lets a one-line template exhaust a worker's memory or CPU: the two
+# operators (`{{ 'x' * 10**10 }}`, `{{ 9**9**9 }}`), methods that pad (`'a'.ljust(10**8)`),
+# what a template writes out, and how long the templates of one event may take (nested
+# loops). Legitimate event templates stay far below each.
 _MAX_SEQUENCE = 1_000_000
 _MAX_EXPONENT = 1_000
+RENDER_SECONDS = 2.0
+
+T = TypeVar("T")
 
 # `{{ expr }}` with nothing around it; `-`/`+` are Jinja's whitespace control marks.
 _SINGLE_EXPRESSION = re.compile(r"^\{\{[-+]?(?P<expr>.*?)[-+]?\}\}$", re.DOTALL)
@@ -68,6 +75,17 @@ class _Sandbox(SandboxedEnvironment):
                 if sized and len(seq) * times > _MAX_SEQUENCE:
                     raise SecurityError("the result of '*' would be too large")
         return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str | bytes | list | tuple):
+            for value in (*args, *kwargs.values()):
+                if _is_number(value) and abs(value) > _MAX_SEQUENCE:
+                    raise SecurityError(f"{value!r} is too large an argument for {__obj.__name__}()")
+        result = super().call(__context, __obj, *args, **kwargs)
+        if isinstance(result, str | bytes | list | tuple | dict) and len(result) > _MAX_SEQUENCE:
+            raise SecurityError(f"the result of {getattr(__obj, '__name__', 'a call')}() would be too large")
+        return result
 
 
 def _is_number(value: Any) -> bool:
@@ -133,7 +151,50 @@ def render_string(source: str, context: Mapping[str, Any]) -> Any:
     compiled = compile_template(source)
     if isinstance(compiled, TemplateExpression):
         return _plain(compiled(**context))
-    return compiled.render(**context)
+    size, parts = 0, []
+    for part in compiled.generate(**context):
+        size += len(part)
+        if size > _MAX_SEQUENCE:
+            raise SecurityError(f"the template writes more than {_MAX_SEQUENCE:,} characters")
+        parts.append(part)
+    return "".join(parts)
+
+
+class _OutOfTime(BaseException):
+    """Raised inside a render that ran past its time: a BaseException, so that no handler
+    of a template or of the code it calls takes it for the template's own error."""
+
+
+def within(seconds: float, work: Callable[[], T]) -> T | None:
+    """`work()` in a thread of its own, stopped when it runs past `seconds`; None then.
+
+    Templates are Python bytecode once compiled, so the exception sent into the thread
+    lands at the next instruction even inside a loop; one long call into C (which the
+    sandbox's size bounds keep short) is waited out.
+    """
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, work()))
+        except _OutOfTime:
+            pass
+        except BaseException as exc:  # handed to the caller, raised there
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="roadie-render", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive() and thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_OutOfTime))
+        thread.join()
+    if not outcome:
+        return None
+    done, value = outcome[0]
+    if not done:
+        raise value
+    result: T = value
+    return result
 
 
 def render_value(value: Any, context: Mapping[str, Any], path: FieldPath = ()) -> Any:
@@ -340,6 +401,17 @@ def render(
     without a name is called `action#seq`. All problems are collected and raised together
     as one DefinitionError whose source is the event id.
     """
+    at: list[FieldPath] = [()]  # the step being rendered, for a render that runs out of time
+    frozen = within(RENDER_SECONDS, lambda: _render(definition, params, registry, run_id, at))
+    if frozen is None:
+        message = f"templates took longer than {RENDER_SECONDS:g}s to render"
+        raise DefinitionError([Problem(definition.id, None, field_path((*at[0], "with")), message)])
+    return frozen
+
+
+def _render(
+    definition: EventDefinition, params: dict[str, Any], registry: Registry, run_id: int | None, at: list[FieldPath]
+) -> FrozenDefinition:
     source = definition.id
     context = template_context(params, event_id=definition.id, title=definition.title, run_id=run_id)
     problems: list[Problem] = []
@@ -348,6 +420,7 @@ def render(
         steps: list[RenderedStep] = []
         for seq, step in enumerate(phase.steps):
             where: FieldPath = ("phases", phase_index, "steps", seq)
+            at[0] = where
             try:
                 action = registry.action(step.action)
             except UnknownAction as exc:

@@ -7,6 +7,7 @@ that the schedules need not know the engine (the engine runs the schedules each 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from datetime import timedelta
@@ -66,7 +67,9 @@ async def start_runs(
             raise DefinitionError([Problem(event.event_id, None, where, str(exc))]) from exc
         same = json.dumps(resolved, sort_keys=True, default=str)
         if same not in rendered:
-            frozen = render(definition, resolved, registry)
+            # Off the event loop: a worker's or the web server's other work goes on while
+            # an event's templates render (each render is bounded in time and size).
+            frozen = await asyncio.to_thread(render, definition, resolved, registry)
             rendered[same] = (frozen.model_dump(mode="json", by_alias=True), frozen)
         dumped, frozen = rendered[same]
         new.append(
