@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import Connection
 from tests.conftest import Harness
+from tests.databases import Database
 
+from roadie.store import Store, migrate
 from roadie.store.tables import metadata
 
 
@@ -25,3 +31,44 @@ def test_migrations_match_the_tables(harness: Harness) -> None:
             assert await conn.run_sync(_differences) == []
 
     harness.run(body)
+
+
+def test_a_connection_the_server_drops_while_the_store_opens_is_made_again(
+    tmp_path: Path, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that starts while its database server is restarting (CI saw the server
+    drop the connection that read `alembic_version`) reconnects and opens, as every other
+    read and write of the store does, instead of exiting with a traceback."""
+    if database.backend == "sqlite":
+        pytest.skip("a file has no connection to drop")
+    url = database.fresh(tmp_path)
+    dropped: list[str] = []
+    upgrade = migrate.upgrade
+
+    def dropped_once(connection: Connection) -> None:
+        if not dropped:
+            dropped.append(connection.dialect.name)
+            kill = (
+                "SELECT pg_terminate_backend(pg_backend_pid())"
+                if database.backend == "postgresql"
+                else "KILL CONNECTION_ID()"
+            )
+            connection.exec_driver_sql(kill)
+        upgrade(connection)
+
+    monkeypatch.setattr(migrate, "upgrade", dropped_once)
+
+    async def main() -> None:
+        store = await Store.open(url)
+        try:
+            async with store.engine.connect() as conn:
+                version = (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalars().all()
+            assert len(version) == 1
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        database.drop_all()
+    assert dropped

@@ -61,8 +61,21 @@ class Connector:
         return store
 
     async def migrate(self) -> None:
-        async with self.engine.begin() as conn:
-            await conn.run_sync(migrate.upgrade)
+        """Bring the schema to the newest migration. A connection lost meanwhile (the
+        server restarting as a worker starts) is made again, as for any read: the
+        migrations read where the schema stands first, so none is applied twice."""
+        lost = 0
+        while True:
+            try:
+                async with self.engine.begin() as conn:
+                    await conn.run_sync(migrate.upgrade)
+                return
+            except DBAPIError as exc:
+                if lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                    lost += 1
+                    await self._reconnect_pause("migrate", lost, exc)
+                    continue
+                raise
 
     async def close(self) -> None:
         await self.engine.dispose()
