@@ -127,9 +127,11 @@ def test_sigkill_at_a_write_point_then_restart_restores_the_world(
                 effects = world.effects()
                 assert_world_invariants(effects, before, world.snapshot())
             # Borrow and restore write each lease once; a kill between a write and its
-            # record makes the next process write the same value again.
+            # record makes the next process write the same value again. The two borrows
+            # run side by side, so one kill can catch both written and unrecorded (CI saw
+            # it on a loaded machine): each is repeated at most once, a restore never.
             repeats = tally_effects(effects).lease_writes - writes_before - 4
-            assert repeats in (0, 1), f"trial {trial}: {repeats} extra lease writes"
+            assert 0 <= repeats <= 2, f"trial {trial}: {repeats} extra lease writes"
         tally = tally_effects(effects)
         _report(
             {
