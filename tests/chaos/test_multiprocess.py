@@ -99,6 +99,7 @@ class Fleet:
     alive: list[subprocess.Popen[bytes]] = field(default_factory=list)
     killed: dict[int, float] = field(default_factory=dict)  # pid -> when it was dead for sure
     started: int = 0
+    logs: dict[int, int] = field(default_factory=dict)  # pid -> the number in its log's name
 
     def start(self) -> None:
         self.started += 1
@@ -111,6 +112,7 @@ class Fleet:
             env={**os.environ, "ROADIE_DATABASE_URL": self.url},
         )
         log.close()
+        self.logs[proc.pid] = self.started
         self.alive.append(proc)
 
     def kill(self, rng: random.Random) -> None:
@@ -120,7 +122,13 @@ class Fleet:
         self.killed[proc.pid] = time.time()  # it executed nothing after this moment
 
     def stop(self) -> list[int]:
-        """SIGTERM every live worker; their exit codes."""
+        """SIGTERM every live worker once it is up (a worker started a moment ago may still
+        be importing, before it has a handler for the signal); their exit codes."""
+        deadline = time.monotonic() + 60
+        for proc in self.alive:
+            log = self.home / f"worker-{self.logs[proc.pid]}.log"
+            while proc.poll() is None and time.monotonic() < deadline and b"worker started" not in log.read_bytes():
+                time.sleep(0.05)
         for proc in self.alive:
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(timeout=60) for proc in self.alive]
