@@ -31,6 +31,10 @@ class EngineOptions:
     poll_interval: float = 1.0
     seed: int | None = None
     cleanups: int = 4  # automatic cleanups a worker runs at once, beside its drain
+    # Render a new run's templates in a thread, so the loop (a web server's, a worker's)
+    # goes on meanwhile. The simulation turns it off: it must see every moment a task
+    # yields, and a thread ends when it will.
+    render_in_thread: bool = True
 
 
 class EngineState:

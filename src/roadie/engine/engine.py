@@ -104,7 +104,14 @@ class Engine(Drain):
         A `schedule_key` names one occurrence of the event's schedule, which makes at most
         one run: None means that occurrence's run exists already."""
         return await runs.start_run(
-            self.store, self.registry, self.clock, event, params, actor=actor, schedule_key=schedule_key
+            self.store,
+            self.registry,
+            self.clock,
+            event,
+            params,
+            actor=actor,
+            schedule_key=schedule_key,
+            in_thread=self.options.render_in_thread,
         )
 
     async def start_runs(
@@ -112,7 +119,9 @@ class Engine(Drain):
     ) -> list[RunRow]:
         """Create a run of `event` for each of `params`, all in one transaction, each
         rendered and validated first: one bad parameter refuses them all."""
-        made = await runs.start_runs(self.store, self.registry, self.clock, event, params, actor=actor)
+        made = await runs.start_runs(
+            self.store, self.registry, self.clock, event, params, actor=actor, in_thread=self.options.render_in_thread
+        )
         return [run for run in made if run is not None]  # (only an occurrence's run can be None)
 
     async def cancel_run(self, run_id: int, *, actor: str = "cli") -> bool:

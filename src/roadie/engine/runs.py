@@ -30,10 +30,13 @@ async def start_run(
     *,
     actor: str = "cli",
     schedule_key: str | None = None,
+    in_thread: bool = True,
 ) -> RunRow | None:
     """Create a run of `event` with `params`: `start_runs` of one."""
     keys = [schedule_key] if schedule_key is not None else None
-    [run] = await start_runs(store, registry, clock, event, [params], actor=actor, schedule_keys=keys)
+    [run] = await start_runs(
+        store, registry, clock, event, [params], actor=actor, schedule_keys=keys, in_thread=in_thread
+    )
     return run
 
 
@@ -46,6 +49,7 @@ async def start_runs(
     *,
     actor: str = "cli",
     schedule_keys: Sequence[str] | None = None,
+    in_thread: bool = True,
 ) -> list[RunRow | None]:
     """Create a run of `event` for each of `params`, in one transaction. Every step of
     every run is rendered and validated first, so one bad parameter refuses them all
@@ -69,7 +73,12 @@ async def start_runs(
         if same not in rendered:
             # Off the event loop: a worker's or the web server's other work goes on while
             # an event's templates render (each render is bounded in time and size).
-            frozen = await asyncio.to_thread(render, definition, resolved, registry)
+            if in_thread:
+                # Off the event loop: the loop's other work goes on while an event's
+                # templates render (each render is bounded in time and size).
+                frozen = await asyncio.to_thread(render, definition, resolved, registry)
+            else:
+                frozen = render(definition, resolved, registry)
             rendered[same] = (frozen.model_dump(mode="json", by_alias=True), frozen)
         dumped, frozen = rendered[same]
         new.append(

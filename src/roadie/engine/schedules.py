@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from roadie.clock import Clock
 from roadie.definitions import CatchUp, ScheduleDef
 from roadie.engine import runs
+from roadie.engine.base import EngineOptions
 from roadie.errors import RoadieError, StoreError
 from roadie.registry import Registry
 from roadie.store import Store
@@ -48,6 +49,7 @@ class Worker(Protocol):
     store: Store
     registry: Registry
     clock: Clock
+    options: EngineOptions
 
 
 def schedule_key(event_id: str, occurrence: datetime) -> str:
@@ -141,6 +143,7 @@ async def create_due_runs(engine: Worker) -> int:
                     [schedule.params] * len(due),
                     actor="schedule",
                     schedule_keys=keys,
+                    in_thread=engine.options.render_in_thread,
                 )
             except StoreError:
                 raise
