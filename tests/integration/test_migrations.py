@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,25 @@ def test_a_connection_the_server_drops_while_the_store_opens_is_made_again(
     finally:
         database.drop_all()
     assert dropped
+
+
+def test_a_read_on_sqlite_neither_waits_for_a_writer_nor_holds_one_up(tmp_path: Path) -> None:
+    """Reads begin DEFERRED and read WAL's snapshot: a write transaction held open by
+    another process does not keep `run list` (or the run page) waiting for the 30 s busy
+    timeout, and a read open meanwhile does not keep the writer from committing."""
+    url = f"sqlite:///{tmp_path / 'roadie.db'}"
+
+    async def main() -> None:
+        store = await Store.open(url)
+        try:
+            writer = sqlite3.connect(tmp_path / "roadie.db", isolation_level=None)
+            writer.execute("BEGIN IMMEDIATE")
+            writer.execute("INSERT INTO audit (at, actor, action, subject) VALUES ('2026-01-01', 'x', 'y', 'z')")
+            assert await asyncio.wait_for(store.list_audit(), timeout=10) == []
+            writer.execute("COMMIT")
+            writer.close()
+            assert [a.actor for a in await store.list_audit()] == ["x"]
+        finally:
+            await store.close()
+
+    asyncio.run(main())

@@ -126,6 +126,7 @@ class Connector:
             self.active += 1
             try:
                 async with self.engine.connect() as conn:
+                    await conn.execution_options(**{dialects.READ_ONLY: True})
                     return await work(conn)
             except DBAPIError as exc:
                 # A read changes nothing: after a lost connection it is always safe again.

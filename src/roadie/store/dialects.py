@@ -48,10 +48,15 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     return engine
 
 
+READ_ONLY = "roadie_read_only"
+"""The execution option a connection that only reads is given."""
+
+
 def _configure_sqlite(engine: AsyncEngine) -> None:
     # pysqlite's own transaction handling begins lazily and as DEFERRED, so two writers
     # can both read and then deadlock on the upgrade to a write lock. Take the write
-    # lock at BEGIN instead; with WAL, readers are never blocked by it.
+    # lock at BEGIN instead. A read says so (`READ_ONLY`) and begins DEFERRED: with WAL
+    # it reads a snapshot and neither waits for a writer nor holds one up.
     @event.listens_for(engine.sync_engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
@@ -64,7 +69,7 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def insert_ignore(dialect_name: str, table: Table) -> Insert:
