@@ -51,7 +51,7 @@ POINTS = [
     ("claim_lease_row", "cleanup: before its claim of a lease row commits"),
     ("world:weather.write:before#2", "lease restore: before the world write"),
     ("world:weather.write:after#2", "lease restore: world written, row not marked"),
-    ("mark_reverted#3", "cleanup: in the middle of marking rows reverted"),
+    ("mark_reverted#2", "cleanup: a page of reverts done, before their record commits"),
     ("world:remove_many:after#2", "cleanup: last objects removed, rows not marked"),
     ("finish_cleanup", "cleanup: before its report commits"),
 ]

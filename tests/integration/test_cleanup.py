@@ -56,17 +56,19 @@ def test_cleanup_undoes_newest_first(harness: Harness) -> None:
 
 
 def test_cleanup_pages_through_a_run_in_bounded_pages(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With pages of at most 3 rows (and 2 steps), a run of 7 resources in 4 steps is
-    cleaned up over several pages, still newest first, one call per step, completely."""
+    """With pages of 3 rows, a run of 7 resources in 4 steps is cleaned up over two pages,
+    still newest first, one call per step even when its rows run past the page (c1), and
+    each page's reverts recorded in one write."""
     monkeypatch.setattr(cleanup_module, "PAGE_ROWS", 3)
-    monkeypatch.setattr(cleanup_module, "PAGE_STEPS", 2)
 
     async def body() -> None:
         run = await harness.start(phases(things("a1", "a2"), things("b1"), things("c1", "c2", "c3"), things("d1")))
+        before = harness.store_writes("mark_reverted")
         [run] = await harness.settle(run)
         order = [[r.ref for r in call.resources] for call in harness.probe.reverts]
         assert order == [["d1"], ["c3", "c2", "c1"], ["b1"], ["a2", "a1"]]
         assert run.cleanup_status == "complete"
+        assert harness.store_writes("mark_reverted") - before == 2
 
     harness.run(body)
 

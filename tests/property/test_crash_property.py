@@ -422,7 +422,6 @@ WRITE_POINTS = [
     "fail_run",
     "claim_cleanup",
     "mark_reverted",
-    "mark_revert_failed",
     "extend_cleanup_claim",
     "finish_cleanup",
 ]

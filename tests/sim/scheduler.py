@@ -41,7 +41,6 @@ WRITES = frozenset(
         "finish_cleanup",
         "heartbeat_worker",
         "mark_lease_restored",
-        "mark_revert_failed",
         "mark_reverted",
         "record_late_resources",
         "record_outcomes",

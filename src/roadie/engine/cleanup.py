@@ -2,8 +2,9 @@
 
 Live rows are read newest first and grouped per step: one `revert` per step for its
 module's rows, a key-only `revert` for a placeholder still pending, and core's own
-restore for each borrowed value. Rows are read a page of steps at a time, so a run with
-a hundred thousand resources is cleaned up in bounded memory.
+restore for each borrowed value. Rows are read a page at a time along the index, and
+what a page reverted is recorded in one transaction, so a run with a hundred thousand
+resources is cleaned up in bounded memory and in time linear in its size.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -27,8 +29,7 @@ from roadie.store import CleanupClaim, Store, mint_token
 from roadie.store.rows import ResourceRow, StepRow
 
 log = structlog.get_logger(__name__)
-PAGE_STEPS = 200
-PAGE_ROWS = 5000
+PAGE_ROWS = 500  # live rows read at a time, with the older rows of the steps they start
 REVERT_BATCH = 1000  # resources per revert call; a step with more is reverted in slices
 
 
@@ -43,6 +44,15 @@ class PlannedCall:
     idempotency_key: str
     resources: list[dict[str, Any]]
     row_ids: list[int]
+
+
+@dataclass
+class _Marks:
+    """What a cleanup's calls did and the store has not been told yet, and when it last was."""
+
+    written: datetime
+    reverted: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,32 +128,34 @@ class Cleanup:
     async def _pages(
         self, run_id: int, member_key: str | None
     ) -> AsyncIterator[tuple[dict[int, StepRow], list[tuple[int | None, list[ResourceRow]]]]]:
-        """Yield (steps by id, [(step id, rows newest first)]) a page at a time.
+        """Yield (steps by id, [(step id, rows newest first)]) a page at a time, the steps
+        in the order of their newest live row.
 
-        A page is as many steps as fit in `PAGE_ROWS` live rows (at least one step: a
-        step's rows are reverted together), so memory stays bounded by the page, not by
-        the run.
+        A page is up to `PAGE_ROWS` live rows read newest first from where the last page
+        ended, plus the older rows of each step it starts, so that a step's rows are
+        reverted together; rows of a step an earlier page handed out are passed over. The
+        run is read once along its index whatever its size, and memory is bounded by the
+        page (and by the largest step).
         """
         before: int | None = None
+        handed: set[int | None] = set()
         while True:
-            found = await self.store.live_step_groups(run_id, member_key=member_key, before=before, limit=PAGE_STEPS)
-            if not found:
+            page = await self.store.live_rows_page(run_id, member_key=member_key, before=before, limit=PAGE_ROWS)
+            if not page:
                 return
-            groups: list[tuple[int | None, int, int]] = []
-            rows_in_page = 0
-            for group in found:
-                if groups and rows_in_page + group[2] > PAGE_ROWS:
-                    break
-                groups.append(group)
-                rows_in_page += group[2]
-            before = groups[-1][1]
-            step_ids = [g[0] for g in groups]
-            rows = await self.store.live_rows_of_steps(run_id, step_ids, member_key=member_key)
-            by_step: dict[int | None, list[ResourceRow]] = defaultdict(list)
-            for row in rows:
+            before = page[-1].id
+            by_step: dict[int | None, list[ResourceRow]] = {}
+            for row in page:
+                if row.step_id not in handed:
+                    by_step.setdefault(row.step_id, []).append(row)
+            if not by_step:
+                continue
+            older = await self.store.live_rows_of_steps(run_id, list(by_step), member_key=member_key, before=before)
+            for row in older:
                 by_step[row.step_id].append(row)
-            steps = {s.id: s for s in await self.store.steps_by_ids([i for i in step_ids if i is not None])}
-            yield steps, [(sid, by_step[sid]) for sid in step_ids if by_step.get(sid)]
+            handed.update(by_step)
+            steps = {s.id: s for s in await self.store.steps_by_ids([i for i in by_step if i is not None])}
+            yield steps, list(by_step.items())
 
     def _calls_for(self, step: StepRow | None, rows: list[ResourceRow]) -> list[PlannedCall]:
         name = step.name if step else "(unknown step)"
@@ -219,12 +231,15 @@ class Cleanup:
         ):
             raise InvalidState(f"run {run_id}'s cleanup is under way elsewhere, or not pending")
         report = CleanupReport(run_id=run_id, status="", member_key=member_key)
+        marks = _Marks(written=self.clock.now())
         async for steps, groups in self._pages(run_id, member_key):
             for step_id, rows in groups:
                 step = steps.get(step_id) if step_id else None
                 for call in self._calls_for(step, rows):
-                    await self._carry_out(claim, step, call, rows, report)
-            await self.store.extend_cleanup_claim(claim, self.clock.now())
+                    await self._carry_out(claim, step, call, rows, report, marks)
+                    if (self.clock.now() - marks.written).total_seconds() >= self.claim_ttl / 3:
+                        await self._record(claim, marks)  # the claim is pushed on before it runs out
+            await self._record(claim, marks)
         report.forgotten = [
             {"resource": r.id, "kind": r.kind, "ref": r.ref, "why": r.error}
             for r in await self.store.list_resources(run_id, state=ResourceState.ABANDONED)
@@ -252,7 +267,11 @@ class Cleanup:
         call: PlannedCall,
         rows: list[ResourceRow],
         report: CleanupReport,
+        marks: _Marks,
     ) -> None:
+        """Make one planned call and note how it went in `marks`; a restore is recorded at
+        once (with what was noted before it), since it frees a target another run may be
+        waiting to borrow."""
         report.calls += 1
         now = self.clock.now
         run_id = claim.run_id
@@ -264,7 +283,8 @@ class Cleanup:
                 row = next(r for r in rows if r.id == call.row_ids[0])
                 async with self._deadline():
                     await leases.restore(self.registry, self.clock, row)
-                await self.store.mark_reverted(claim, call.row_ids, now())
+                marks.reverted.extend(call.row_ids)
+                await self._record(claim, marks)
                 report.restored += 1
                 return
             async with self._deadline():
@@ -278,7 +298,7 @@ class Cleanup:
             message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RoadieError) else exc.message
             if isinstance(exc, TimeoutError):
                 message = f"no answer within {self.call_timeout:g}s"
-            await self.store.mark_revert_failed(claim, {i: message for i in call.row_ids}, now())
+            marks.failed.update({i: message for i in call.row_ids})
             report.failed += len(call.row_ids)
             report.errors.extend({"resource": i, "step": call.step, "error": message} for i in call.row_ids)
             log.warning("revert failed", run_id=run_id, step=call.step, error=message)
@@ -286,11 +306,21 @@ class Cleanup:
         ids = set(call.row_ids)
         by_target = {(r.kind, r.ref): r.id for r in rows if r.id in ids}
         failed_ids = {by_target[(f.kind, f.ref)]: f.message for f in failures if (f.kind, f.ref) in by_target}
-        await self.store.mark_reverted(claim, [i for i in call.row_ids if i not in failed_ids], now())
-        await self.store.mark_revert_failed(claim, failed_ids, now())
+        marks.reverted.extend(i for i in call.row_ids if i not in failed_ids)
+        marks.failed.update(failed_ids)
         report.reverted += len(call.row_ids) - len(failed_ids)
         report.failed += len(failed_ids)
         report.errors.extend({"resource": i, "step": call.step, "error": m} for i, m in failed_ids.items())
+
+    async def _record(self, claim: CleanupClaim, marks: _Marks) -> None:
+        """Write what `marks` holds in one transaction under the claim, which pushes the
+        claim on (with nothing to write, the claim alone is pushed on)."""
+        now = self.clock.now()
+        if marks.reverted or marks.failed:
+            await self.store.mark_reverted(claim, marks.reverted, now, failures=marks.failed)
+        else:
+            await self.store.extend_cleanup_claim(claim, now)
+        marks.reverted, marks.failed, marks.written = [], {}, now
 
     def _deadline(self) -> AbstractAsyncContextManager[object]:
         return self.clock.timeout(self.call_timeout)

@@ -45,14 +45,19 @@ class CleanupQueries(Connector):
 
         await self._write("record_verification", work)
 
-    async def mark_reverted(self, claim: CleanupClaim, ids: list[int], now: datetime) -> None:
-        """Reverted rows stay for history; leaving the live states frees their targets.
+    async def mark_reverted(
+        self, claim: CleanupClaim, ids: list[int], now: datetime, *, failures: dict[int, str] | None = None
+    ) -> None:
+        """Record a page of reverts in one transaction: the rows in `ids` reverted (kept for
+        history; leaving the live states frees their targets), and why each in `failures`
+        was not (those stay live, to be tried again).
 
         Claim: the run's cleanup (`claim`); a lease row must be free or held by the same
         cleanup, never by the expiry sweeper. Raises `ClaimLost`, writing nothing, when the
         cleanup's claim is gone.
         """
-        if not ids:
+        failures = failures or {}
+        if not ids and not failures:
             return
 
         async def work(conn: AsyncConnection) -> None:
@@ -68,30 +73,21 @@ class CleanupQueries(Connector):
                     )
                     .values(**reverted(now))
                 )
+            if failures:
+                await conn.execute(
+                    update(run_resources)
+                    .where(run_resources.c.id == bindparam("b_id"), run_resources.c.run_id == claim.run_id)
+                    .values(
+                        error=bindparam("b_error"),
+                        attempts=run_resources.c.attempts + 1,
+                        updated_at=now,
+                        claim_token=None,
+                        claim_expires=None,
+                    ),
+                    [{"b_id": i, "b_error": e[:2000]} for i, e in failures.items()],
+                )
 
         await self._write("mark_reverted", work)
-
-    async def mark_revert_failed(self, claim: CleanupClaim, failures: dict[int, str], now: datetime) -> None:
-        """Keep why a revert failed on its rows, which stay live. Claim: the run's cleanup."""
-        if not failures:
-            return
-
-        async def work(conn: AsyncConnection) -> None:
-            await fence_cleanup(conn, claim, now)
-            await conn.execute(
-                update(run_resources)
-                .where(run_resources.c.id == bindparam("b_id"), run_resources.c.run_id == claim.run_id)
-                .values(
-                    error=bindparam("b_error"),
-                    attempts=run_resources.c.attempts + 1,
-                    updated_at=now,
-                    claim_token=None,
-                    claim_expires=None,
-                ),
-                [{"b_id": i, "b_error": e[:2000]} for i, e in failures.items()],
-            )
-
-        await self._write("mark_revert_failed", work)
 
     async def claim_cleanup(
         self, claim: CleanupClaim, worker: str, now: datetime, *, again: bool, scoped: bool = False

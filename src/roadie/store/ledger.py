@@ -6,7 +6,6 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import (
-    ColumnElement,
     func,
     or_,
     select,
@@ -125,48 +124,56 @@ class LedgerQueries(Connector):
         result: int = await self._read(work)
         return result
 
-    async def live_step_groups(
+    async def live_rows_page(
         self, run_id: int, *, member_key: str | None, before: int | None, limit: int
-    ) -> list[tuple[int | None, int, int]]:
-        """(step id, newest row id, live rows) of the steps with live rows, newest first."""
-        newest = func.max(run_resources.c.id).label("newest")
+    ) -> list[ResourceRow]:
+        """Up to `limit` live rows of a run, newest first, older than row `before`: a page
+        read along the (run, id) index, whatever the size of the run."""
         query = (
-            select(run_resources.c.step_id, newest, func.count().label("rows"))
+            select(run_resources)
             .where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES))
-            .group_by(run_resources.c.step_id)
-            .order_by(newest.desc())
+            .order_by(run_resources.c.id.desc())
             .limit(limit)
         )
         if member_key is not None:
             query = query.where(run_resources.c.member_key == member_key)
         if before is not None:
-            query = query.having(func.max(run_resources.c.id) < before)
-
-        async def work(conn: AsyncConnection) -> list[tuple[int | None, int, int]]:
-            return [(r.step_id, int(r.newest), int(r.rows)) for r in await conn.execute(query)]
-
-        result: list[tuple[int | None, int, int]] = await self._read(work)
-        return result
-
-    async def live_rows_of_steps(
-        self, run_id: int, step_ids: list[int | None], *, member_key: str | None
-    ) -> list[ResourceRow]:
-        ids = [s for s in step_ids if s is not None]
-        condition: ColumnElement[bool] = run_resources.c.step_id.in_(ids)
-        if None in step_ids:
-            condition = or_(condition, run_resources.c.step_id.is_(None))
-        query = (
-            select(run_resources)
-            .where(run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES), condition)
-            .order_by(run_resources.c.id.desc())
-        )
-        if member_key is not None:
-            query = query.where(run_resources.c.member_key == member_key)
+            query = query.where(run_resources.c.id < before)
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
             return [from_row(ResourceRow, r) for r in await conn.execute(query)]
 
         result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def live_rows_of_steps(
+        self, run_id: int, step_ids: list[int | None], *, member_key: str | None, before: int | None = None
+    ) -> list[ResourceRow]:
+        """The live rows of these steps (None: the run's rows of no step), newest first;
+        only those older than row `before` when it is given.
+
+        Read by step, along the (step, state) index: a step's id names its run, and a
+        condition on the run or on ids would tempt SQLite's planner to the (run, id) index
+        and a walk through every older row of the run."""
+        ids = [s for s in step_ids if s is not None]
+        queries = []
+        if ids:
+            queries.append(select(run_resources).where(run_resources.c.step_id.in_(ids)))
+        if None in step_ids:
+            queries.append(
+                select(run_resources).where(run_resources.c.run_id == run_id, run_resources.c.step_id.is_(None))
+            )
+        live = run_resources.c.state.in_(LIVE_STATES)
+        queries = [q.where(live) for q in queries]
+        if member_key is not None:
+            queries = [q.where(run_resources.c.member_key == member_key) for q in queries]
+
+        async def work(conn: AsyncConnection) -> list[ResourceRow]:
+            rows = [from_row(ResourceRow, r) for q in queries for r in await conn.execute(q)]
+            return [r for r in rows if before is None or r.id < before]
+
+        result: list[ResourceRow] = await self._read(work)
+        result.sort(key=lambda r: r.id, reverse=True)
         return result
 
     async def count_all_live_resources(self) -> int:

@@ -186,6 +186,7 @@ run_resources = Table(
     Column("claim_token", String(64), nullable=True),
     Column("claim_expires", UTCDateTime, nullable=True),
     Index(None, "run_id", "state"),
+    Index(None, "run_id", "id"),  # a run's rows newest first, a page at a time (cleanup)
     Index(None, "state", "kind", "until"),
     Index(None, "step_id", "state"),
     Index(
