@@ -179,3 +179,31 @@ def test_help_lists_the_commands(workdir: Path) -> None:
     assert code == 0
     for command in ("init", "event", "run", "cleanup", "forget", "leases", "audit", "worker", "sandbox", "demo"):
         assert command in out
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://nobody:planted-secret@127.0.0.1:1/x", "Connection refused"),
+        ("mysql://root:planted-secret@127.0.0.1:1/x", "Can't connect"),
+        ("sqlite:///{tmp}/no/such/folder/roadie.db", "/no/such/folder does not exist; create it"),
+        ("bogus://planted-secret@x", "is no database Roadie can use"),
+        ("not a url", "is not a database URL"),
+    ],
+)
+def test_a_database_that_cannot_be_opened_is_one_line_saying_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, says: str
+) -> None:
+    """Before: a 78 to 210 line traceback, after ten seconds of reconnecting for some.
+    Now one line on the spot, naming the database (never its password) and what to check,
+    for a run list, a worker and the web server alike; exit 1."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ROADIE_CONFIG", raising=False)
+    url = url.format(tmp=tmp_path)
+    for command in (["run", "list"], ["worker"], ["serve", "--port", "1"]):
+        code, output = roadie(*command, "--database-url", url)
+        assert code == 1, output
+        [line] = output.strip().splitlines()
+        assert line.startswith("error "), line
+        assert says in line, line
+        assert "planted-secret" not in line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -43,8 +44,23 @@ def serve(
     if secret_key:
         options.secret_key = secret_key
     options.secure_cookies = secure_cookies
-    err.print(f"roadie serve on http://{host}:{port} (worker {'off' if no_worker else 'on'})", highlight=False)
-    uvicorn.run(create_app(options), host=host, port=port, log_level="warning", access_log=False)
+    # A database that cannot be opened is one line before anything is served, not a
+    # traceback from the server's startup.
+    in_context(database_url, config, _opened)
+    serving = f"roadie serve on http://{host}:{port} (worker {'off' if no_worker else 'on'})"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # said once the port is bound and the app has started, not before
+                err.print(serving, highlight=False)
+
+    config_ = uvicorn.Config(create_app(options), host=host, port=port, log_level="warning", access_log=False)
+    Server(config_).run()
+
+
+async def _opened(ctx: Context) -> None:
+    """Nothing more: `in_context` has opened (and migrated) the database, loaded the modules."""
 
 
 @token_app.command("create")

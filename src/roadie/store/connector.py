@@ -53,25 +53,48 @@ class Connector:
 
     @classmethod
     async def open(cls, url: str, *, migrate_schema: bool = True, **kwargs: Any) -> Self:
-        """Open the database at `url`, applying migrations first unless told not to."""
+        """Open the database at `url`, applying migrations first unless told not to.
+
+        A database that cannot be reached or refuses us is a `StoreError` of one line
+        naming it (without its password) and why, raised at once: there is nothing to
+        wait for when nothing was ever connected."""
         engine = dialects.create_engine(url, **kwargs)
+        missing = dialects.missing_folder(engine.url)
+        if missing is not None:
+            await engine.dispose()
+            raise StoreError(
+                f"cannot open the database {engine.url.render_as_string(hide_password=True)}: its folder "
+                f"{missing} does not exist; create it, or correct the URL "
+                "(--database-url, ROADIE_DATABASE_URL or roadie.toml)"
+            )
         store = cls(engine)
         if migrate_schema:
-            await store.migrate()
+            try:
+                await store.migrate()
+            except (DBAPIError, OSError) as exc:
+                await engine.dispose()
+                where = "its folder exists and may be written" if store.dialect == "sqlite" else "its server is up"
+                raise StoreError(
+                    f"cannot open the database {engine.url.render_as_string(hide_password=True)}: "
+                    f"{dialects.describe_failure(exc)}; check that {where}, and the URL "
+                    "(--database-url, ROADIE_DATABASE_URL or roadie.toml)"
+                ) from exc
         return store
 
     async def migrate(self) -> None:
-        """Bring the schema to the newest migration. A connection lost meanwhile (the
-        server restarting as a worker starts) is made again, as for any read: the
-        migrations read where the schema stands first, so none is applied twice."""
+        """Bring the schema to the newest migration. A connection that was made and then
+        lost (the server restarting as a worker starts) is made again, as for any read:
+        the migrations read where the schema stands first, so none is applied twice."""
         lost = 0
         while True:
+            connected = False
             try:
                 async with self.engine.begin() as conn:
+                    connected = True
                     await conn.run_sync(migrate.upgrade)
                 return
             except DBAPIError as exc:
-                if lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                if connected and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
                     lost += 1
                     await self._reconnect_pause("migrate", lost, exc)
                     continue

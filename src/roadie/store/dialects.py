@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Insert, Select, Table, event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from roadie.errors import StoreError
@@ -20,6 +21,7 @@ ASYNC_DRIVERS = {
     "mariadb": "mysql+asyncmy",
 }
 MYSQL_FAMILY = ("mysql", "mariadb")
+EXAMPLE_URLS = "sqlite:///roadie.db, postgresql://user@host/db or mysql://user@host/db (MariaDB)"
 
 
 def async_url(url: str) -> str:
@@ -36,7 +38,15 @@ def async_url(url: str) -> str:
 
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    if make_url(url).get_backend_name() in MYSQL_FAMILY:
+    """The engine for an operator's URL; a URL that names no database Roadie speaks is a
+    `StoreError` saying which it does."""
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError as exc:
+        raise StoreError(f"{url!r} is not a database URL; write e.g. {EXAMPLE_URLS}") from exc
+    if backend not in ASYNC_DRIVERS:
+        raise StoreError(f"{url.split('://')[0]!r} is no database Roadie can use; write e.g. {EXAMPLE_URLS}")
+    if backend in MYSQL_FAMILY:
         # InnoDB's default, REPEATABLE READ, takes gap locks on the unique indexes that
         # insert-ignore relies on, and workers inserting side by side then wait on one
         # another for seconds. Every transaction here is guarded by its own WHERE
@@ -130,6 +140,22 @@ def is_connection_lost(dialect_name: str, error: BaseException) -> bool:
             code = code[0]
         return code in _MYSQL_CONNECTION_CODES
     return False
+
+
+def missing_folder(url: URL) -> Path | None:
+    """For a SQLite file whose folder does not exist, that folder (SQLite would only say
+    "unable to open database file")."""
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    folder = Path(url.database).expanduser().absolute().parent
+    return None if folder.is_dir() else folder
+
+
+def describe_failure(error: BaseException) -> str:
+    """The driver's own reason for a failure, on one line, without SQLAlchemy's wrapping."""
+    orig = getattr(error, "orig", None) or error
+    text = " ".join(str(orig).split())
+    return text[:300] or type(orig).__name__
 
 
 def refuses_data(error: BaseException) -> bool:
