@@ -816,3 +816,24 @@ phases:
     assert [str(p) for p in caught.value.problems] == [
         "heavy: phases[0].steps[0].with: templates took longer than 2s to render"
     ]
+
+
+def test_a_long_file_without_aliases_is_not_taken_for_an_alias_bomb() -> None:
+    """20,001 steps written out (about 1.4 MB) were refused as "too large once its aliases
+    are expanded" though the file has no alias; they load."""
+    steps = "".join(f"      - action: core.log\n        with: {{message: 'line {i}'}}\n" for i in range(20_001))
+    text = f"id: long\nphases:\n  - name: only\n    steps:\n{steps}"
+    assert len(text) > 1_000_000
+    definition = load_definition(text, "long.yaml", None)
+    assert len(definition.phases[0].steps) == 20_001
+
+
+def test_what_is_copied_into_every_run_is_bounded() -> None:
+    """A 30 MB file is refused before it is parsed, and a description longer than 20,000
+    characters at its line (it is copied into every run)."""
+    [problem] = problems_of("id: big\ndescription: " + "x" * 30_000_000 + "\nphases: []\n")
+    assert problem.message.startswith("the file is too large: 30,000,033 characters, more than the 4,000,000")
+    [problem] = problems_of(
+        "id: big\ndescription: " + "x" * 20_001 + "\nphases:\n  - name: a\n    steps: [{action: core.log}]\n"
+    )
+    assert (problem.line, problem.field) == (2, "description")

@@ -48,8 +48,12 @@ from roadie.registry.registry import Registry
 Lines = dict[FieldPath, int]
 
 # A file of a few hundred lines can name one anchor a billion times over ("billion
-# laughs"); the expanded document is what would be validated, so its size is bounded.
+# laughs"): aliases may not make the document more than `_MAX_GROWTH` times what is
+# written, past `_MAX_NODES`. What is written is bounded by the file's size.
 _MAX_NODES = 100_000
+_MAX_GROWTH = 4
+MAX_TEXT = 4_000_000
+"""The largest event file, in characters: its text is stored with every version."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -82,6 +86,9 @@ def load_definition(text: str, source: str, registry: Registry | None = None) ->
     values are validated as they are, templated ones with the params' defaults when every
     name they use has one, and otherwise only their key is checked.
     """
+    if len(text) > MAX_TEXT:
+        size = f"{len(text):,} characters, more than the {MAX_TEXT:,} an event file may hold"
+        raise DefinitionError([Problem(source, None, "", f"the file is too large: {size}")])
     try:
         data, lines, problems = _parse(text, source)
     except _Refused as refused:
@@ -197,7 +204,11 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def _check_size(root: yaml.Node, source: str) -> None:
-    """Refuse a document whose aliases expand past `_MAX_NODES`, or refer to themselves."""
+    """Refuse a document whose aliases expand it past `_MAX_NODES` and `_MAX_GROWTH` times
+    the nodes written, or refer to themselves. A long file without aliases is not
+    refused here: 20,000 steps are 20,000 steps."""
+    written = _count_written(root)
+    limit = max(_MAX_NODES, _MAX_GROWTH * written)
     sizes: dict[int, int] = {}
     # An explicit stack, so that the check itself cannot be driven into deep recursion.
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -207,7 +218,7 @@ def _check_size(root: yaml.Node, source: str) -> None:
         if done:
             open_nodes.discard(id(node))
             sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
-            if sizes[id(node)] > _MAX_NODES:
+            if sizes[id(node)] > limit:
                 line = node.start_mark.line + 1
                 raise _Refused(Problem(source, line, "", "the document is too large once its aliases are expanded"))
             continue
@@ -219,6 +230,18 @@ def _check_size(root: yaml.Node, source: str) -> None:
         open_nodes.add(id(node))
         stack.append((node, True))
         stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
+def _count_written(root: yaml.Node) -> int:
+    """The distinct nodes of a document, each alias's target counted once."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(_children(node))
+    return len(seen)
 
 
 def _find_duplicates(

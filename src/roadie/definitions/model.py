@@ -206,8 +206,8 @@ class EventDefinition(_Strict):
     """A validated event: what an operator wrote, before any parameter is substituted."""
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$")
-    title: str = ""
-    description: str = ""
+    title: str = Field("", max_length=200)
+    description: str = Field("", max_length=20_000)  # copied into every run's frozen definition
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     duration: Duration = 0.0
     cleanup: CleanupPolicy = CleanupPolicy.AUTO
