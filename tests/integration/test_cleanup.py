@@ -9,6 +9,7 @@ import pytest
 from tests.conftest import Harness
 
 import roadie.engine.cleanup as cleanup_module
+import roadie.store.ledger as ledger_module
 from roadie.errors import InvalidState, StoreError
 
 
@@ -379,5 +380,26 @@ phases:
         assert (row.state, row.attempts, row.error) == ("reverted", 1, None)  # the one that got through
         assert run.cleanup_report is not None
         assert (run.cleanup_report["restored"], run.cleanup_report["failed"]) == (1, 0)
+
+    harness.run(body)
+
+
+def test_a_cleanup_of_a_run_the_planner_does_not_know_of_freshens_its_statistics(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL plans by statistics that autovacuum refreshes a minute or so after a table
+    grows; a run that filled the ledger faster would have each page of its cleanup read by
+    walking every live row (100,000 rows at 10 per step took 13.9 s, 8.9 s with fresh
+    statistics). Its cleanup asks for them first, once; the others have nothing to do."""
+    monkeypatch.setattr(ledger_module, "FRESHEN_ABOVE", 3)
+
+    async def body() -> None:
+        run = await harness.start(phases(things("a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8"), cleanup="manual"))
+        [run] = await harness.settle(run)
+        freshened = await harness.store.freshen_ledger_statistics(run.id)
+        assert freshened == (harness.store.dialect == "postgresql")
+        assert not await harness.store.freshen_ledger_statistics(run.id)  # pg_class knows of it now
+        report = await harness.engine.clean_up(run.id)
+        assert (report.status, report.reverted) == ("complete", 8)
 
     harness.run(body)

@@ -230,6 +230,7 @@ class Cleanup:
             claim, self.worker, self.clock.now(), again=again, scoped=member_key is not None
         ):
             raise InvalidState(f"run {run_id}'s cleanup is under way elsewhere, or not pending")
+        await self.store.freshen_ledger_statistics(run_id)
         report = CleanupReport(run_id=run_id, status="", member_key=member_key)
         marks = _Marks(written=self.clock.now())
         async for steps, groups in self._pages(run_id, member_key):

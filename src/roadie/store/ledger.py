@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+import structlog
 from sqlalchemy import (
     func,
     or_,
@@ -14,7 +15,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from roadie.errors import InvalidState, NotFound
+from roadie.errors import InvalidState, NotFound, StoreError
 from roadie.states import (
     OVERRIDE_KIND,
     STEP_KIND,
@@ -36,6 +37,9 @@ from roadie.store.tables import (
     run_resources,
     runs,
 )
+
+log = structlog.get_logger(__name__)
+FRESHEN_ABOVE = 10_000  # live rows of one run past which stale statistics cost a cleanup dearly
 
 
 class LedgerQueries(Connector):
@@ -123,6 +127,39 @@ class LedgerQueries(Connector):
 
         result: int = await self._read(work)
         return result
+
+    async def freshen_ledger_statistics(self, run_id: int) -> bool:
+        """On PostgreSQL, bring the planner's statistics of the ledger up to date when this
+        run's live rows outnumber what they know of (a run that filled the ledger faster
+        than autovacuum looks, within a minute or so). Without them the planner takes the
+        ledger for small, and reads each page of a cleanup by walking every live row.
+        Best effort: a role that may not ANALYZE the table leaves it to autovacuum. True
+        when the statistics were brought up to date."""
+        if self.dialect != "postgresql":
+            return False
+
+        async def stale(conn: AsyncConnection) -> bool:
+            counted = select(func.count()).where(
+                run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES)
+            )
+            live = int((await conn.execute(counted)).scalar() or 0)
+            if live <= FRESHEN_ABOVE:
+                return False
+            known = await conn.exec_driver_sql("SELECT reltuples FROM pg_class WHERE oid = 'run_resources'::regclass")
+            return float(known.scalar() or 0) < live / 2  # (-1: never analyzed)
+
+        if not await self._read(stale):
+            return False
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.exec_driver_sql("ANALYZE run_resources")
+
+        try:
+            await self._write("analyze_ledger", work)
+        except StoreError as exc:
+            log.info("ledger statistics left to autovacuum", error=exc.message)
+            return False
+        return True
 
     async def live_rows_page(
         self, run_id: int, *, member_key: str | None, before: int | None, limit: int
