@@ -82,19 +82,19 @@ class Connector:
         return store
 
     async def migrate(self) -> None:
-        """Bring the schema to the newest migration. A connection that was made and then
-        lost (the server restarting as a worker starts) is made again, as for any read:
-        the migrations read where the schema stands first, so none is applied twice."""
+        """Bring the schema to the newest migration. A connection the server drops (it is
+        restarting as a worker starts) is made again, as for any read: the migrations read
+        where the schema stands first, so none is applied twice. A server that cannot be
+        reached at all is reported at once."""
         lost = 0
         while True:
-            connected = False
             try:
                 async with self.engine.begin() as conn:
-                    connected = True
                     await conn.run_sync(migrate.upgrade)
                 return
             except DBAPIError as exc:
-                if connected and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
+                lost_only = not dialects.is_unreachable(self.dialect, exc)
+                if lost_only and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
                     lost += 1
                     await self._reconnect_pause("migrate", lost, exc)
                     continue

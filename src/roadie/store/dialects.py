@@ -158,6 +158,20 @@ def describe_failure(error: BaseException) -> str:
     return text[:300] or type(orig).__name__
 
 
+def is_unreachable(dialect_name: str, error: BaseException) -> bool:
+    """No connection could be made at all (refused, no such host), as opposed to one the
+    server dropped: at startup there is then nothing to wait for."""
+    orig = getattr(error, "orig", error)
+    if dialect_name == "postgresql":
+        return getattr(orig, "sqlstate", None) is None and str(orig).startswith("connection failed")
+    if dialect_name in MYSQL_FAMILY:
+        code: Any = orig.args[0] if getattr(orig, "args", None) else None
+        while isinstance(code, tuple) and code:
+            code = code[0]
+        return code in (2002, 2003, 2005)
+    return False
+
+
 def refuses_data(error: BaseException) -> bool:
     """Whether the database refused what a statement carried (a value it cannot keep, a
     constraint), rather than failing to run it (a lost connection, a full disk): the
