@@ -33,9 +33,11 @@ from typing import Any, Literal
 
 import pytest
 import structlog
+from click.testing import Result
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 from sqlalchemy.pool import NullPool
+from typer.testing import CliRunner
 
 from roadie.clock import FakeClock
 from roadie.definitions import load_definition
@@ -47,7 +49,7 @@ from roadie.registry import Call, LeaseCall, Module, ModuleConfig, Registry, Rev
 from roadie.states import Reversible
 from roadie.store import Store, dialects, tables
 from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow
-from tests.databases import BACKENDS, Database, check_reachable
+from tests.databases import BACKENDS, PLANTED_PASSWORD, Database, check_reachable
 
 # -- fault injection at the store's named write points ------------------------------------
 
@@ -330,6 +332,28 @@ class Harness:
     async def resources(self, run: RunRow | int, kind: str | None = None) -> list[ResourceRow]:
         rows = await self.store.list_resources(run if isinstance(run, int) else run.id)
         return [r for r in rows if kind is None or r.kind == kind]
+
+
+PLANTED_SECRETS = (PLANTED_PASSWORD, "planted-secret")
+"""Secrets the tests put where an operator's would be (the database password of every
+PostgreSQL URL; the passwords and keys of tests that plant their own); no command may
+print one."""
+
+
+@pytest.fixture(autouse=True)
+def _no_secret_in_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command a test runs through `CliRunner` has its output (stdout, stderr and
+    the logs written there) scanned for the planted secrets."""
+    invoke = CliRunner.invoke
+
+    def scanned(self: CliRunner, *args: Any, **kwargs: Any) -> Result:
+        result = invoke(self, *args, **kwargs)
+        printed = result.stdout_bytes + (result.stderr_bytes or b"")
+        for secret in PLANTED_SECRETS:
+            assert secret.encode() not in printed, f"{secret!r} printed by roadie {args[1:2]}: {result.output}"
+        return result
+
+    monkeypatch.setattr(CliRunner, "invoke", scanned)
 
 
 @pytest.fixture(autouse=True)

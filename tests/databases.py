@@ -1,16 +1,28 @@
 """The databases the suite runs on (the `database` fixture in conftest.py uses these).
 
-`ROADIE_TEST_DATABASES` picks the backends (default: all three). Every test that uses
+`ROADIE_TEST_DATABASES` picks the backends (default: sqlite, postgresql, mariadb). Every test that uses
 the `database` fixture (through `harness`) runs once per backend, each on a database of
 its own. A server that cannot be reached skips its tests on a developer's machine and
 fails them in CI (`CI=true`), where a skip would hide a missing service.
+
+`pgbouncer` is the PostgreSQL server behind Debian's PgBouncer in transaction pooling
+mode, as operators run it: started here, once per test process, on a free port (or named
+by `ROADIE_TEST_PGBOUNCER`). Consecutive transactions of one connection of Roadie's may
+then run on different server connections, so whatever leans on session state (prepared
+statements, session advisory locks, `SET`) fails there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +35,11 @@ SERVERS = {
     "postgresql": os.environ.get("ROADIE_TEST_POSTGRESQL", "postgresql://postgres@127.0.0.1:5432/test"),
     "mariadb": os.environ.get("ROADIE_TEST_MARIADB", "mysql://root@127.0.0.1:3306/test"),
 }
+# A password put into every PostgreSQL URL the tests hand out (trust auth ignores it), so
+# that the scan in tests/conftest.py finds it wherever a command prints it.
+PLANTED_PASSWORD = "planted-db-password-7f3a"
 BACKENDS = [b.strip() for b in os.environ.get("ROADIE_TEST_DATABASES", "sqlite,postgresql,mariadb").split(",") if b]
+DIALECTS = {"sqlite": "sqlite", "postgresql": "postgresql", "pgbouncer": "postgresql", "mariadb": "mysql"}
 _reachable: dict[str, str | None] = {}
 
 
@@ -41,6 +57,16 @@ def check_reachable(backend: str) -> str | None:
     """None when the backend's server answers (or needs none), else why not."""
     if backend == "sqlite":
         return None
+    if backend == "pgbouncer" and backend not in SERVERS:
+        problem = check_reachable("postgresql")
+        if problem is not None:
+            return problem
+        try:
+            SERVERS["pgbouncer"] = os.environ.get("ROADIE_TEST_PGBOUNCER") or _start_pgbouncer(SERVERS["postgresql"])
+        except RuntimeError as exc:
+            _reachable[backend] = str(exc)
+    if backend not in SERVERS and backend in _reachable:
+        return _reachable[backend]
     if backend not in SERVERS:
         return f"unknown test database {backend!r} (known: sqlite, {', '.join(SERVERS)})"
     if backend not in _reachable:
@@ -59,16 +85,80 @@ class Database:
     backend: str
     made: list[str] = field(default_factory=list)
 
+    @property
+    def dialect(self) -> str:
+        """What Roadie sees: PgBouncer speaks PostgreSQL."""
+        return DIALECTS[self.backend]
+
+    @property
+    def _admin_url(self) -> str:
+        """Where databases are made and dropped: the server itself, never through a pool."""
+        return SERVERS["postgresql" if self.backend == "pgbouncer" else self.backend]
+
     def fresh(self, home: Path) -> str:
         if self.backend == "sqlite":
             return f"sqlite:///{home / 'roadie.db'}"
         name = f"roadie_{secrets.token_hex(6)}"
-        server = SERVERS[self.backend]
-        asyncio.run(_admin(server, f"CREATE DATABASE {name}"))
+        asyncio.run(_admin(self._admin_url, f"CREATE DATABASE {name}"))
         self.made.append(name)
-        return make_url(server).set(database=name).render_as_string(hide_password=False)
+        url = make_url(SERVERS[self.backend]).set(database=name)
+        if self.dialect == "postgresql" and url.password is None:
+            url = url.set(password=PLANTED_PASSWORD)
+        return url.render_as_string(hide_password=False)
 
     def drop_all(self) -> None:
+        # PgBouncer keeps server connections to a database after its clients are gone.
+        force = " WITH (FORCE)" if self.backend == "pgbouncer" else ""
         for name in self.made:
-            asyncio.run(_admin(SERVERS[self.backend], f"DROP DATABASE IF EXISTS {name}"))
+            asyncio.run(_admin(self._admin_url, f"DROP DATABASE IF EXISTS {name}{force}"))
         self.made.clear()
+
+
+def _start_pgbouncer(server_url: str) -> str:
+    """Start PgBouncer in transaction pooling mode in front of `server_url`, for as long as
+    this process lives; answer its URL. Debian's package is what `make test` installs."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.path.exists(binary):
+        raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer; `make test` installs it)")
+    server = make_url(server_url)
+    home = Path(tempfile.mkdtemp(prefix="roadie-pgbouncer-"))
+    home.chmod(0o777)  # it drops root for the postgres user, who writes its log and pid here
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (home / "users.txt").write_text(f'"{server.username}" ""\n')
+    (home / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={server.host} port={server.port or 5432}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {home / 'users.txt'}\n"
+        "pool_mode = transaction\nmax_client_conn = 2000\n"
+        # Each test has a database of its own, and the server 100 connections for all of
+        # them: a few per database, given back to the server soon after they go idle.
+        "default_pool_size = 8\nmax_db_connections = 8\nserver_idle_timeout = 5\n"
+        f"logfile = {home / 'pgbouncer.log'}\npidfile = {home / 'pgbouncer.pid'}\n"
+    )
+    argv = [binary, str(home / "pgbouncer.ini")]
+    if os.geteuid() == 0:
+        argv[1:1] = ["-u", "postgres"]  # it refuses to run as root
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def stop() -> None:
+        process.kill()  # nothing of its own to keep: the server holds the data
+        process.wait(10)
+        shutil.rmtree(home, ignore_errors=True)
+
+    atexit.register(stop)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"pgbouncer exited {process.returncode}: {process.stderr.read().decode()[-500:]}")  # type: ignore[union-attr]
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        raise RuntimeError("pgbouncer did not listen within 30 s")
+    return server.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)

@@ -70,6 +70,10 @@ class StoreError(RoadieError):
     """The database refused or failed an operation. The driver's error is in `__cause__`."""
 
 
+class DatabaseLost(StoreError):
+    """The database this process opened is gone (its file was deleted or replaced)."""
+
+
 class NotFound(RoadieError):
     """No such object."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
@@ -16,8 +17,10 @@ from roadie.engine import Engine, EngineOptions
 from roadie.engine.notify import parse_webhooks
 from roadie.registry import Registry, build_registry
 from roadie.remote import Remotes, attach_remote_modules, refresh_pull_module
-from roadie.remote.gateway import Gateway
-from roadie.store import Store
+from roadie.store import Store, dialects
+
+if TYPE_CHECKING:  # the gateway is a web app: its libraries are the `web` extra's
+    from roadie.remote.gateway import Gateway
 
 
 @dataclass
@@ -31,6 +34,8 @@ class Context:
     def gateway(self) -> Gateway:
         """What remote modules call, over this context's store, queue and secrets; a
         pulling module that announces itself is usable in this process at once."""
+        from roadie.remote.gateway import Gateway
+
         return Gateway(
             self.store,
             self.remotes.queue,
@@ -42,14 +47,27 @@ class Context:
 
 @asynccontextmanager
 async def open_context(
-    database_url: str | None, config: str | None, *, concurrency: int | None = None, claim_ttl: float | None = None
+    database_url: str | None,
+    config: str | None,
+    *,
+    concurrency: int | None = None,
+    claim_ttl: float | None = None,
+    read_only: bool = False,
 ) -> AsyncIterator[Context]:
-    """Open the database (migrating it), load the modules, and build one engine."""
+    """Open the database (migrating it), load the modules, and build one engine.
+
+    `read_only` is for a command that only looks (`event validate`): it creates nothing
+    where it is run. The modules are loaded without their setup (no world file is made),
+    and a SQLite database that does not exist yet is not made either: an empty one in
+    memory stands in for it, which holds no announced module, as the missing file would."""
     settings = load_settings(database_url, config)
     webhooks = parse_webhooks(settings.webhooks, settings.source)
     clock = SystemClock()
-    registry = build_registry(settings.modules, clock=clock, base_dir=settings.base_dir)
-    store = await Store.open(settings.database_url)
+    registry = build_registry(settings.modules, clock=clock, base_dir=settings.base_dir, open_states=not read_only)
+    url = settings.database_url
+    if read_only and not dialects.exists(url):
+        url = dialects.IN_MEMORY
+    store = await Store.open(url)
     try:
         remotes = await attach_remote_modules(registry, settings.modules, store, base_dir=settings.base_dir)
     except BaseException:

@@ -57,14 +57,14 @@ def roadie(*args: str) -> tuple[int, str]:
 
 
 def test_validate_accepts_a_good_file_and_names_field_and_line_of_a_bad_one(workdir: Path) -> None:
-    """`event validate` says ok for a good file; for a misspelled action it exits 1 with
-    `file:line: field: message (did you mean ...)`."""
+    """`event validate` says ok for a good file; for a misspelled action it exits 65 (bad
+    data) with `file:line: field: message (did you mean ...)`."""
     code, out = roadie("event", "validate", "quick.yaml")
     assert code == 0, out
     assert "ok" in out
     (workdir / "bad.yaml").write_text(QUICK_EVENT.replace("sandbox.spawn", "sandbox.spwan"))
     code, out = roadie("event", "validate", "bad.yaml")
-    assert code == 1
+    assert code == 65
     expected = "bad.yaml:16: phases[1].steps[0].action: unknown action 'sandbox.spwan' (did you mean 'sandbox.spawn'?)"
     assert expected in out
 
@@ -73,7 +73,7 @@ def test_bad_step_parameters_are_refused_at_validation(workdir: Path) -> None:
     """A `with:` that does not fit the action's schema is refused before anything runs."""
     (workdir / "bad.yaml").write_text(QUICK_EVENT.replace('count: "{{ count }}"', "count: lots"))
     code, out = roadie("event", "validate", "bad.yaml")
-    assert code == 1
+    assert code == 65
     assert "phases[1].steps[0].with.count" in out
 
 
@@ -128,19 +128,22 @@ def test_manual_cleanup_plan_then_cleanup(workdir: Path) -> None:
 
 
 def test_a_bad_param_is_refused_before_a_run_exists(workdir: Path) -> None:
-    """`--param count=0` below the declared minimum exits 1 naming the param; no run is made."""
+    """`--param count=0` below the declared minimum exits 65 naming the param; no run is made."""
     code, out = roadie("run", "start", "quick.yaml", "--param", "count=0")
-    assert code == 1
+    assert code == 65
     assert "param 'count' must be at least 1" in out
     code, out = roadie("run", "list", "--json")
     assert json.loads(out) == []
 
 
 def test_unknown_run_is_a_clear_error(workdir: Path) -> None:
-    """Asking for a run that does not exist exits 1 with a message, not a traceback."""
+    """Asking for a run that does not exist exits 66 with a message, not a traceback;
+    cancelling one says there is no such run (it said "not in flight")."""
     code, out = roadie("run", "show", "42")
-    assert code == 1
+    assert code == 66
     assert "no run 42" in out
+    code, out = roadie("run", "cancel", "42")
+    assert (code, out.strip()) == (66, "error no run 42")
 
 
 def test_forget_is_audited_and_needs_a_reason(workdir: Path) -> None:
@@ -182,28 +185,35 @@ def test_help_lists_the_commands(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "says"),
+    ("url", "says", "exit_code"),
     [
-        ("postgresql://nobody:planted-secret@127.0.0.1:1/x", "Connection refused"),
-        ("mysql://root:planted-secret@127.0.0.1:1/x", "Can't connect"),
-        ("sqlite:///{tmp}/no/such/folder/roadie.db", "/no/such/folder does not exist; create it"),
-        ("bogus://planted-secret@x", "is no database Roadie can use"),
-        ("not a url", "is not a database URL"),
+        ("postgresql://nobody:planted-secret@127.0.0.1:1/x", "Connection refused", 69),
+        ("mysql://root:planted-secret@127.0.0.1:1/x", "Can't connect", 69),
+        ("sqlite:///{tmp}/no/such/folder/roadie.db", "/no/such/folder does not exist; create it", 69),
+        ("bogus://planted-secret@x", "is no database Roadie can use", 78),
+        ("not a url", "is not a database URL", 78),
     ],
 )
 def test_a_database_that_cannot_be_opened_is_one_line_saying_what_to_do(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, says: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, says: str, exit_code: int
 ) -> None:
     """Before: a 78 to 210 line traceback, after ten seconds of reconnecting for some.
     Now one line on the spot, naming the database (never its password) and what to check,
-    for a run list, a worker and the web server alike; exit 1."""
+    for a run list, a worker and the web server alike; exit 69 for a database that cannot
+    be opened, 78 for a URL that is wrong, and under --json the same as JSON."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ROADIE_CONFIG", raising=False)
     url = url.format(tmp=tmp_path)
     for command in (["run", "list"], ["worker"], ["serve", "--port", "1"]):
         code, output = roadie(*command, "--database-url", url)
-        assert code == 1, output
+        assert code == exit_code, output
         [line] = output.strip().splitlines()
         assert line.startswith("error "), line
         assert says in line, line
         assert "planted-secret" not in line
+    code, output = roadie("run", "list", "--json", "--database-url", url)
+    error = json.loads(output)["error"]
+    assert (code, error["exit_code"], error["kind"]) == (exit_code, exit_code, "store" if exit_code == 69 else "config")
+    [message] = error["messages"]
+    assert says in message
+    assert "planted-secret" not in output

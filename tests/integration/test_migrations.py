@@ -51,7 +51,7 @@ def test_a_connection_the_server_drops_while_the_store_opens_is_made_again(
             dropped.append(connection.dialect.name)
             kill = (
                 "SELECT pg_terminate_backend(pg_backend_pid())"
-                if database.backend == "postgresql"
+                if database.dialect == "postgresql"
                 else "KILL CONNECTION_ID()"
             )
             connection.exec_driver_sql(kill)

@@ -9,8 +9,19 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, in_context, print_json, styled
+from roadie.cli.common import (
+    ConfigOption,
+    DatabaseOption,
+    JsonOption,
+    clip,
+    console,
+    in_context,
+    line,
+    print_json,
+    styled,
+)
 from roadie.runtime import Context
 
 
@@ -43,7 +54,7 @@ def cleanup(
             verified = await ctx.engine.cleanup.verify(run_id, actor=actor)
         return report
 
-    result = in_context(database_url, config, work)
+    result = in_context(database_url, config, work, as_json=as_json)
     if plan:
         if as_json:
             print_json([asdict(c) for c in result])
@@ -53,7 +64,11 @@ def cleanup(
             refs = ", ".join(f"{r['kind']} {r['ref']}" for r in c.resources[:4])
             more = f" +{len(c.resources) - 4}" if len(c.resources) > 4 else ""
             table.add_row(
-                c.kind, c.step, c.action, c.idempotency_key, (refs + more) or "[dim](whatever this key made)[/]"
+                c.kind,
+                c.step,
+                c.action,
+                c.idempotency_key,
+                (refs + more) or Text("(whatever this key made)", style="dim"),
             )
         console.print(table if result else f"run {run_id}: nothing to clean up")
         return
@@ -61,26 +76,29 @@ def cleanup(
         print_json({**result.as_dict(), "verify": verified.as_dict() if verified else None})
     else:
         console.print(
-            f"run {run_id} cleanup {styled(result.status)}: {result.reverted} reverted, {result.restored} restored, "
-            f"{result.failed} failed in {result.calls} calls"
+            line(
+                f"run {run_id} cleanup ",
+                styled(result.status),
+                f": {result.reverted} reverted, {result.restored} restored, {result.failed} failed in "
+                f"{result.calls} calls",
+            )
         )
         for e in result.errors:
-            console.print(f"  [red]✗[/] resource {e['resource']} ({e['step']}): {e['error']}", highlight=False)
+            console.print(line("  ", ("✗", "red"), f" resource {e['resource']} ({e['step']}): {e['error']}"))
         for f in result.forgotten:
-            console.print(f"  [magenta]forgotten[/] {f['kind']} {f['ref']}: {f['why']}", highlight=False)
+            console.print(line("  ", ("forgotten", "magenta"), f" {f['kind']} {f['ref']}: {f['why']}"))
         if verified is not None:
             v = verified
             console.print(
                 f"run {run_id} verified {v.verified}: {v.came_back} came back, {v.redone} reverted again, "
                 f"{v.foreign} reused by others (left alone), {v.failed} failed, {v.unverifiable} unverifiable",
-                highlight=False,
             )
             for r in v.resources:
-                console.print(f"  [yellow]↺[/] {r['kind']} {r['ref']} ({r['step']}) came back", highlight=False)
+                console.print(line("  ", ("↺", "yellow"), f" {r['kind']} {r['ref']} ({r['step']}) came back"))
             for e in v.errors:
-                console.print(f"  [red]✗[/] {e['step']}: {e['error']}", highlight=False)
+                console.print(line("  ", ("✗", "red"), f" {e['step']}: {e['error']}"))
             if v.modules_without_inspect:
-                console.print(f"  not inspectable: {', '.join(v.modules_without_inspect)}", highlight=False)
+                console.print(f"  not inspectable: {', '.join(v.modules_without_inspect)}")
     if result.status != "complete" or (verified is not None and verified.failed):
         raise typer.Exit(1)
 
@@ -109,7 +127,7 @@ def leases(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.leases_in_force()
 
-    rows = in_context(database_url, config, work)
+    rows = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([asdict(r) for r in rows])
         return
@@ -132,11 +150,11 @@ def audit(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_audit(f"run:{run_id}" if run_id else None, limit)
 
-    rows = in_context(database_url, config, work)
+    rows = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([asdict(r) for r in rows])
         return
     table = Table("at", "actor", "action", "subject", "detail")
     for r in rows:
-        table.add_row(r.at.strftime("%Y-%m-%d %H:%M:%S"), r.actor, r.action, r.subject, json.dumps(r.detail)[:80])
+        table.add_row(r.at.strftime("%Y-%m-%d %H:%M:%S"), r.actor, r.action, r.subject, clip(json.dumps(r.detail), 80))
     console.print(table)

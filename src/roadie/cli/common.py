@@ -1,33 +1,110 @@
 """What the commands share: the consoles, the common options, a context to work in, and
-how states and JSON are printed."""
+how states, errors and JSON are printed.
+
+The consoles never read markup: what they print is data (a world's error message, a
+param value, an event's title) and `[/]` in it is text. Styling is given as `Text`."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from roadie.errors import DefinitionError, RoadieError
+from roadie.errors import ConfigError, DefinitionError, NotFound, RegistryError, RoadieError, StoreError
 from roadie.runtime import Context, open_context
 
 T = TypeVar("T")
 
-console = Console()
-err = Console(stderr=True)
+# Piped output is not cut to 80 columns: a table is as wide as its widest row.
+PIPED_WIDTH = 10_000
+
+
+def make_console(*, stderr: bool = False, quiet: bool = False) -> Console:
+    console = Console(stderr=stderr, quiet=quiet, markup=False, highlight=False, emoji=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPED_WIDTH
+    return console
+
+
+console = make_console()
+err = make_console(stderr=True)
+
+
+def group(help: str) -> typer.Typer:
+    """A group of commands (`roadie run ...`), with help as Click prints it: flags shown as
+    flags, and text printed as written."""
+    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+
 
 DatabaseOption = typer.Option(None, "--database-url", help="Database URL (env ROADIE_DATABASE_URL; roadie.toml).")
 ConfigOption = typer.Option(None, "--config", help="Configuration file (default ./roadie.toml; env ROADIE_CONFIG).")
-JsonOption = typer.Option(False, "--json", help="Print JSON for scripts.")
+JsonOption = typer.Option(False, "--json", help="Print JSON for scripts, errors included.")
+
+# Exit codes by kind of failure, after BSD's sysexits.h, so a script or a service manager
+# can tell a mistake in a file from a database that is down. 1 is a refused or failed
+# operation; 2 is Click's own for a bad command line.
+EXIT_CODES: tuple[tuple[type[RoadieError], int], ...] = (
+    (DefinitionError, os.EX_DATAERR),  # 65: an event file or a param is wrong
+    (NotFound, os.EX_NOINPUT),  # 66: no such run, event, resource
+    (StoreError, os.EX_UNAVAILABLE),  # 69: the database cannot be opened or failed
+    (ConfigError, os.EX_CONFIG),  # 78: roadie.toml or a module's settings are wrong
+    (RegistryError, os.EX_CONFIG),
+)
 
 
-def in_context(database_url: str | None, config: str | None, work: Callable[[Context], Awaitable[T]], **kw: Any) -> T:
-    """Open the context, run `work`, and turn Roadie's errors into a message and exit 1."""
+def exit_code(error: RoadieError) -> int:
+    return next((code for kind, code in EXIT_CODES if isinstance(error, kind)), 1)
+
+
+def fail(messages: list[str], *, code: int = 1, kind: str = "error", as_json: bool = False) -> NoReturn:
+    """Report an error and exit: one line per message on stderr, or, under `--json`, one
+    JSON object on stdout where the script reading it looks."""
+    if as_json:
+        print_json({"error": {"kind": kind, "messages": messages, "exit_code": code}})
+    else:
+        for message in messages:
+            err.print(Text.assemble(("error", "red"), " ", message), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+WEB_LIBRARIES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "itsdangerous", "python_multipart")
+
+
+def require_web(command: str) -> None:
+    """Refuse, in one line, a command whose libraries (the `web` extra) are not installed."""
+    missing = []
+    for name in WEB_LIBRARIES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        fail(
+            [f"roadie {command} needs the 'web' extra ({', '.join(missing)} not installed): pip install 'roadie[web]'"],
+            code=os.EX_UNAVAILABLE,
+            kind="not_installed",
+        )
+
+
+def in_context(
+    database_url: str | None,
+    config: str | None,
+    work: Callable[[Context], Awaitable[T]],
+    *,
+    as_json: bool = False,
+    **kw: Any,
+) -> T:
+    """Open the context, run `work`, and turn Roadie's errors into a message and an exit
+    code by their kind (`EXIT_CODES`)."""
 
     async def go() -> T:
         async with open_context(database_url, config, **kw) as ctx:
@@ -36,12 +113,15 @@ def in_context(database_url: str | None, config: str | None, work: Callable[[Con
     try:
         return asyncio.run(go())
     except DefinitionError as exc:
-        for problem in exc.problems:
-            err.print(f"[red]error[/] {problem}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        fail([str(p) for p in exc.problems], code=exit_code(exc), kind="definition", as_json=as_json)
     except RoadieError as exc:
-        err.print(f"[red]error[/] {exc.message}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        fail([exc.message], code=exit_code(exc), kind=_kind(exc), as_json=as_json)
+
+
+def _kind(error: RoadieError) -> str:
+    """The error's class as a word: `StoreError` -> "store", `NotFound` -> "not_found"."""
+    name = type(error).__name__.removesuffix("Error")
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name)) or "error"
 
 
 def print_json(data: Any) -> None:
@@ -75,6 +155,16 @@ STATE_STYLE = {
 }
 
 
-def styled(state: str) -> str:
-    style = STATE_STYLE.get(state)
-    return f"[{style}]{state}[/]" if style else state
+def styled(state: str) -> Text:
+    return Text(state, style=STATE_STYLE.get(state, ""))
+
+
+def line(*parts: str | Text | tuple[str, str]) -> Text:
+    """One line of output from plain text (data, never markup) and styled pieces."""
+    return Text.assemble(*parts)
+
+
+def clip(text: str | None, width: int) -> str:
+    """`text` cut to `width` characters, with an ellipsis where it was cut."""
+    text = text or ""
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -11,10 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from roadie.cli.common import JsonOption, console, fail, line, require_web
 from roadie.conformance import RULE_NAMES, ConformanceOptions, Outcome, Report, run_conformance
 from roadie.conformance.transport import TransportFailed
 
-_STYLE = {Outcome.PASS: "[green]pass[/]", Outcome.FAIL: "[red]FAIL[/]", Outcome.SKIP: "[yellow]skip[/]"}
+_STYLE = {Outcome.PASS: ("pass", "green"), Outcome.FAIL: ("FAIL", "red"), Outcome.SKIP: ("skip", "yellow")}
 
 
 def _pairs(values: list[str], flag: str, *, as_json: bool) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def conformance(
         envvar="ROADIE_CONFORMANCE_SECRET",
         help="The module's shared secret (env ROADIE_CONFORMANCE_SECRET).",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    as_json: bool = JsonOption,
     target: list[str] = typer.Option([], "--target", help="LEASE=TARGET: the target to test a targeted lease on."),
     params: list[str] = typer.Option([], "--params", help="ACTION=JSON: the params to test an action with."),
     value: list[str] = typer.Option([], "--value", help="LEASE=JSON: the value to borrow while testing a lease."),
@@ -55,6 +56,8 @@ def conformance(
     Everything the checks make is made under keys of their own and reverted by key at the
     end, so a live world is left as it was.
     """
+    if pull:
+        require_web("conformance --pull")
     unknown = [r for r in rule if r not in RULE_NAMES]
     if unknown:
         raise typer.BadParameter(f"no such rule: {', '.join(unknown)}", param_hint="--rule")
@@ -67,16 +70,14 @@ def conformance(
         timeout=timeout,
         rules=rule or None,
     )
-    err = Console(stderr=True)
     try:
         report = asyncio.run(run_conformance(url, secret, options=options))
     except TransportFailed as exc:  # --pull could not listen: the operator's to fix
-        err.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail([str(exc)], code=2, kind="transport", as_json=as_json)
     if as_json:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
     else:
-        print_report(report, Console())
+        print_report(report, console)
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -86,10 +87,10 @@ def print_report(report: Report, console: Console) -> None:
     table.add_column("result", no_wrap=True)
     table.add_column("detail", overflow="fold")
     for result in report.results:
-        table.add_row(f"{result.rule}\n[dim]{result.title}[/]", _STYLE[result.outcome], result.detail)
+        table.add_row(line(f"{result.rule}\n", (result.title, "dim")), line(_STYLE[result.outcome]), result.detail)
     console.print(table)
     failed = report.failed
     if failed:
-        console.print(f"[red]{len(failed)} rule(s) failed:[/] {', '.join(r.rule for r in failed)}")
+        console.print(line((f"{len(failed)} rule(s) failed:", "red"), " ", ", ".join(r.rule for r in failed)))
     else:
-        console.print("[green]conforms[/]")
+        console.print(line(("conforms", "green")))

@@ -12,11 +12,13 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from roadie.cli.progress import RunProgress
 from roadie.definitions import load_definition
 from roadie.modules.sandbox import SandboxWorld
 from roadie.runtime import Context
+from roadie.store.dialects import redacted
 
 EXAMPLE = "invasion.yaml"
 
@@ -31,9 +33,7 @@ def world_table(columns: dict[str, dict[str, Any]], *, title: str) -> Table:
         table.add_column(name)
     first = next(iter(summaries.values()))
     for key, value in first.items():
-        cells = [
-            (f"[yellow]{s.get(key, '')}[/]" if s.get(key, "") != value else s.get(key, "")) for s in summaries.values()
-        ]
+        cells = [Text(s.get(key, ""), style="yellow" if s.get(key, "") != value else "") for s in summaries.values()]
         table.add_row(key, *cells)
     return table
 
@@ -63,8 +63,8 @@ async def run_demo(ctx: Context, console: Console) -> bool:
         "demo",
         ctx.engine.clock.now(),
     )
-    console.rule(f"[bold]{definition.title}[/] — event {definition.id!r} v{event.version}")
-    console.print(f"database {ctx.settings.database_url}; sandbox world {world.path}", highlight=False)
+    console.rule(Text.assemble((definition.title, "bold"), f" — event {definition.id!r} v{event.version}"))
+    console.print(f"database {redacted(ctx.settings.database_url)}; sandbox world {world.path}")
     before = world.snapshot()
 
     # The faults: the world applies the first spawn and then loses its answer, and the
@@ -73,7 +73,12 @@ async def run_demo(ctx: Context, console: Console) -> bool:
     world.lose_next(1, action="spawn")
     world.fail_next(2, action="place_item", message="sandbox: the shard is busy")
     console.print(
-        "faults on: [yellow]the first spawn's answer is lost[/], [yellow]the first two item placements fail[/]"
+        Text.assemble(
+            "faults on: ",
+            ("the first spawn's answer is lost", "yellow"),
+            ", ",
+            ("the first two item placements fail", "yellow"),
+        )
     )
 
     run = await ctx.engine.start_run(event, {}, actor="demo")
@@ -95,17 +100,22 @@ async def run_demo(ctx: Context, console: Console) -> bool:
     retried = [s for s in steps if s.attempts > 1]
     resources = await ctx.store.list_resources(run.id)
     console.print(
-        f"run {ended.id} [bold]{ended.status}[/]: {len(steps)} steps, {len(retried)} retried "
-        f"({', '.join(f'{s.name}: {s.attempts} attempts' for s in retried) or 'none'}); "
-        f"{sum(1 for r in resources if r.kind not in ('@step',))} ledger rows; cleanup [bold]{ended.cleanup_status}[/]"
+        Text.assemble(
+            f"run {ended.id} ",
+            (ended.status, "bold"),
+            f": {len(steps)} steps, {len(retried)} retried "
+            f"({', '.join(f'{s.name}: {s.attempts} attempts' for s in retried) or 'none'}); "
+            f"{sum(1 for r in resources if r.kind not in ('@step',))} ledger rows; cleanup ",
+            (ended.cleanup_status, "bold"),
+        )
     )
     after = world.snapshot()
     console.print(world_table({"before": before, "during": during or after, "after": after}, title="the world"))
     if after == before:
-        console.print("[bold green]✓ after cleanup the world equals the world before the run.[/]")
+        console.print(Text("✓ after cleanup the world equals the world before the run.", style="bold green"))
         return ended.status == "succeeded" and ended.cleanup_status == "complete"
-    console.print("[bold red]✗ the world after cleanup differs from the world before the run:[/]")
+    console.print(Text("✗ the world after cleanup differs from the world before the run:", style="bold red"))
     for key in before:
         if before[key] != after[key]:
-            console.print(f"  {key}: before {before[key]!r}, after {after[key]!r}", highlight=False)
+            console.print(f"  {key}: before {before[key]!r}, after {after[key]!r}")
     return False

@@ -9,16 +9,16 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, in_context, print_json
+from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, group, in_context, print_json
 from roadie.definitions import load_file
 from roadie.runtime import Context
 
-event_app = typer.Typer(help="Event definitions: validate, apply, list.", no_args_is_help=True)
+event_app = group("Event definitions: validate, apply, list.")
 
 
 @event_app.command("validate")
 def event_validate(
-    file: Path = typer.Argument(..., help="An event file, YAML or JSON."),
+    file: Path = typer.Argument(..., metavar="FILE", help="An event file, YAML or JSON."),
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
@@ -30,12 +30,12 @@ def event_validate(
             f"{sum(len(p.steps) for p in definition.phases)} steps"
         )
 
-    console.print(in_context(database_url, config, work), highlight=False)
+    console.print(in_context(database_url, config, work, read_only=True))
 
 
 @event_app.command("apply")
 def event_apply(
-    file: Path = typer.Argument(..., help="An event file, YAML or JSON."),
+    file: Path = typer.Argument(..., metavar="FILE", help="An event file, YAML or JSON."),
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
@@ -45,7 +45,7 @@ def event_apply(
         row = await apply_event(ctx, file)
         return f"event {row.event_id!r} version {row.version}"
 
-    console.print(in_context(database_url, config, work), highlight=False)
+    console.print(in_context(database_url, config, work))
 
 
 async def apply_event(ctx: Context, file: Path) -> Any:
@@ -69,7 +69,7 @@ def event_list(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_events()
 
-    rows = in_context(database_url, config, work)
+    rows = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([{"id": r.event_id, "version": r.version, "title": r.title} for r in rows])
         return

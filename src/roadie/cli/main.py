@@ -6,6 +6,9 @@ them, in the order `roadie --help` lists them.
 
 from __future__ import annotations
 
+import sys
+from importlib import metadata
+
 import typer
 
 from roadie.cli.cleanup import audit, cleanup, forget, leases
@@ -23,7 +26,7 @@ app = typer.Typer(
     help="Run live events against a world other software owns, and take back down exactly what they changed.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    rich_markup_mode=None,
 )
 app.add_typer(event_app, name="event")
 app.add_typer(run_app, name="run")
@@ -31,10 +34,23 @@ app.add_typer(sandbox_app, name="sandbox")
 app.command("conformance")(conformance)
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        try:
+            version = metadata.version("roadie")
+        except metadata.PackageNotFoundError:  # pragma: no cover - a source tree never installed
+            version = "unknown (not installed)"
+        sys.stdout.write(f"roadie {version}\n")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
     log_json: bool = typer.Option(False, "--log-json", help="Log as JSON lines on stderr."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print Roadie's version and exit."
+    ),
 ) -> None:
     configure_logging(log_level, json=log_json)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.text import Text
 
 from roadie.definitions import FrozenDefinition
 
@@ -16,10 +17,10 @@ class RunProgress:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress = Progress(
-            TextColumn("[bold]{task.fields[label]}"),
+            TextColumn("{task.fields[label]}", style="bold", markup=False),
             BarColumn(bar_width=20),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[note]}"),
+            TextColumn("{task.fields[note]}", markup=False),
             console=console,
             transient=False,
         )
@@ -32,7 +33,7 @@ class RunProgress:
         self._names[run_id] = [p.name for p in frozen.phases]
         for index, phase in enumerate(frozen.phases):
             label = f"{index + 1}. {phase.name}"
-            note = f"[dim]after {phase.after:g}s[/]" if phase.after else ""
+            note = f"after {phase.after:g}s" if phase.after else ""
             self._phases[(run_id, index)] = self.progress.add_task(
                 label, total=len(phase.steps), label=label, note=note, start=False
             )
@@ -54,7 +55,7 @@ class RunProgress:
         elif kind == "step":
             self._step(run_id, data)
         elif kind == "run":
-            self.progress.console.print(f"  run {run_id} ended [bold]{data['status']}[/]")
+            self.progress.console.print(Text.assemble(f"  run {run_id} ended ", (str(data["status"]), "bold")))
         elif kind == "cleanup":
             self._cleanup_event(run_id, data)
 
@@ -62,14 +63,18 @@ class RunProgress:
         status = data["status"]
         task = self._phases.get((run_id, int(data.get("phase", -1))))
         if status == "retry":
-            self.console.print(f"  [yellow]↻[/] {data['step']}: {data.get('error')} — retrying under the same key")
+            self.console.print(
+                Text.assemble(
+                    "  ", ("↻", "yellow"), f" {data['step']}: {data.get('error')} — retrying under the same key"
+                )
+            )
         elif status in ("succeeded", "failed", "skipped"):
             if task is not None:
                 self.progress.advance(task)
             if status == "failed":
-                self.console.print(f"  [red]✗[/] {data['step']}: {data.get('error')}")
+                self.console.print(Text.assemble("  ", ("✗", "red"), f" {data['step']}: {data.get('error')}"))
             for reason in data.get("rejections") or []:
-                self.console.print(f"  [magenta]![/] {data['step']}: {reason}")
+                self.console.print(Text.assemble("  ", ("!", "magenta"), f" {data['step']}: {reason}"))
 
     def _cleanup_event(self, run_id: int, data: dict[str, Any]) -> None:
         if data["status"] == "started":
@@ -80,7 +85,7 @@ class RunProgress:
         report = data.get("report", {})
         note = (
             f"{report.get('reverted', 0)} reverted, {report.get('restored', 0)} restored, "
-            f"{report.get('failed', 0)} failed — [bold]{data['status']}[/]"
+            f"{report.get('failed', 0)} failed — {data['status']}"
         )
         if task is not None:
             self.progress.update(task, completed=1, note=note)

@@ -2,23 +2,43 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from dataclasses import asdict
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, err, in_context, print_json, styled
+from roadie.cli.common import (
+    ConfigOption,
+    DatabaseOption,
+    JsonOption,
+    clip,
+    console,
+    err,
+    fail,
+    group,
+    in_context,
+    line,
+    make_console,
+    print_json,
+    styled,
+)
 from roadie.cli.events import apply_event
 from roadie.cli.progress import RunProgress
+from roadie.engine import settled
 from roadie.runtime import Context
+from roadie.states import RunStatus
 from roadie.store.rows import RunRow
 
-run_app = typer.Typer(help="Runs: start, list, show, cancel.", no_args_is_help=True)
+run_app = group("Runs: start, list, show, cancel.")
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -33,17 +53,24 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 @run_app.command("start")
 def run_start(
-    event: str = typer.Argument(..., help="An applied event's id, or an event file (applied first)."),
+    event: str = typer.Argument(..., metavar="EVENT", help="An applied event's id, or an event file (applied first)."),
     param: list[str] = typer.Option([], "--param", "-p", help="A parameter, name=value; repeatable."),
-    wait: bool = typer.Option(False, "--wait", help="Work the run here until it ends and is cleaned up."),
+    wait: bool = typer.Option(
+        False,
+        "--wait",
+        help="Work the run here until it ends and is cleaned up. Ctrl-C stops working it once what is in flight "
+        "has answered, and says what it leaves to the workers.",
+    ),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Start a run of an event. Without --wait a `roadie worker` carries it out."""
     params = _parse_params(param)
+    left: Left | None = None
 
     async def work(ctx: Context) -> RunRow:
+        nonlocal left
         path = Path(event)
         row = await apply_event(ctx, path) if path.suffix in (".yaml", ".yml", ".json") and path.exists() else None
         if row is None:
@@ -51,20 +78,89 @@ def run_start(
         run = await ctx.engine.start_run(row, params, actor=os.environ.get("USER", "cli"))
         if not wait:
             return run
-        view = RunProgress(console if not as_json else Console(quiet=True))
+        view = RunProgress(console if not as_json else make_console(quiet=True))
         view.watch(run.id, run.definition)
         ctx.engine.observer = view
-        with view:
+        with view, _interruptible(ctx, run.id) as interrupted:
             [ended] = await ctx.engine.settle([run.id])
+        if interrupted.is_set() and not settled(ended):
+            left = await _what_is_left(ctx, ended)
         return ended
 
-    run = in_context(database_url, config, work)
+    run = in_context(database_url, config, work, as_json=as_json)
+    if left is not None:
+        run = _hand_over(left, as_json=as_json, database_url=database_url, config=config)
     if as_json:
         print_json(_run_dict(run))
     else:
-        console.print(f"run {run.id} of {run.event_id!r}: {styled(run.status)}, cleanup {styled(run.cleanup_status)}")
+        console.print(
+            line(f"run {run.id} of {run.event_id!r}: ", styled(run.status), ", cleanup ", styled(run.cleanup_status))
+        )
     if wait and run.status != "succeeded":
         raise typer.Exit(1)
+
+
+@dataclass
+class Left:
+    """What an interrupted `--wait` leaves behind: a run still in flight, its live
+    resources, and whether a worker is alive to carry it on."""
+
+    run: RunRow
+    live: int
+    workers: int
+
+
+@contextmanager
+def _interruptible(ctx: Context, run_id: int) -> Iterator[asyncio.Event]:
+    """The first Ctrl-C stops working the run once what is in flight has answered (nothing
+    is left half-recorded); a second one quits at once."""
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+
+    def on_interrupt() -> None:
+        interrupted.set()
+        ctx.engine.stop()
+        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C is Python's own
+        err.print(f"\nstopping work on run {run_id} once what is in flight has answered (Ctrl-C again to quit at once)")
+
+    loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    try:
+        yield interrupted
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _what_is_left(ctx: Context, run: RunRow) -> Left:
+    now = ctx.engine.clock.now()
+    workers = await ctx.store.list_workers(now, ctx.engine.options.claim_ttl)
+    return Left(run, await ctx.store.count_live_resources(run.id), sum(w.state == "alive" for w in workers))
+
+
+def _hand_over(left: Left, *, as_json: bool, database_url: str | None, config: str | None) -> RunRow:
+    """Say what the interrupted run leaves in the world and who carries it on; at a
+    terminal, offer to cancel it and clean up here instead."""
+    run = left.run
+    phases = len(run.definition.get("phases", []))
+    carried = (
+        f"{left.workers} worker(s) alive will carry it on"
+        if left.workers
+        else "no worker is alive: start `roadie worker` to carry it on"
+    )
+    err.print(
+        f"run {run.id} is {run.status} (phase {min(run.phase + 1, phases)}/{phases}, cleanup {run.cleanup_status}) "
+        f"with {left.live} resource(s) live in the world; it is left to the workers: {carried}, "
+        f"or `roadie run cancel {run.id}` cancels it and cleans up.",
+        soft_wrap=True,
+    )
+    if as_json or not sys.stdin.isatty() or not typer.confirm("Cancel it and clean up now, here?", default=False):
+        return run
+
+    async def cancel(ctx: Context) -> RunRow:
+        await ctx.engine.cancel_run(run.id, actor=os.environ.get("USER", "cli"))
+        [ended] = await ctx.engine.settle([run.id])
+        return ended
+
+    return in_context(database_url, config, cancel)
 
 
 def _run_dict(run: RunRow) -> dict[str, Any]:
@@ -87,7 +183,7 @@ def run_list(
     async def work(ctx: Context) -> list[RunRow]:
         return await ctx.store.list_runs(status=status, event_id=event, limit=limit)
 
-    runs = in_context(database_url, config, work)
+    runs = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([_run_dict(r) for r in runs])
         return
@@ -101,14 +197,14 @@ def run_list(
             styled(r.cleanup_status),
             f"{min(r.phase + 1, phases)}/{phases}",
             r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            (r.error or "")[:60],
+            clip(r.error, 60),
         )
     console.print(table)
 
 
 @run_app.command("show")
 def run_show(
-    run_id: int = typer.Argument(..., metavar="RUN"),
+    run_id: int = typer.Argument(..., metavar="RUN", help="The run's id."),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
@@ -119,7 +215,7 @@ def run_show(
         run = await ctx.store.get_run(run_id)
         return run, await ctx.store.list_steps(run_id), await ctx.store.list_resources(run_id)
 
-    run, steps, resources = in_context(database_url, config, work)
+    run, steps, resources = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json(
             {
@@ -130,12 +226,18 @@ def run_show(
         )
         return
     console.print(
-        f"[bold]run {run.id}[/] · {run.event_id} v{run.event_version} · {styled(run.status)} · "
-        f"cleanup {styled(run.cleanup_status)} ({run.cleanup_policy})"
+        line(
+            (f"run {run.id}", "bold"),
+            f" · {run.event_id} v{run.event_version} · ",
+            styled(run.status),
+            " · cleanup ",
+            styled(run.cleanup_status),
+            f" ({run.cleanup_policy})",
+        )
     )
-    console.print(f"params {json.dumps(run.params)}", highlight=False)
+    console.print(f"params {json.dumps(run.params)}")
     if run.error:
-        console.print(f"[red]error[/] {run.error}", highlight=False)
+        console.print(line(("error", "red"), f" {run.error}"))
     names = [p["name"] for p in run.definition.get("phases", [])]
     table = Table("phase", "step", "action", "status", "attempts", "error", title="steps")
     for s in steps:
@@ -145,7 +247,7 @@ def run_show(
             s.action,
             styled(s.status),
             f"{s.attempts}/{s.max_attempts}",
-            (s.error or "; ".join(s.rejections or []))[:70],
+            clip(s.error or "; ".join(s.rejections or []), 70),
         )
     console.print(table)
     ledger = Table("id", "owner", "kind", "ref", "state", "member", "until", "error", title="ledger")
@@ -158,26 +260,30 @@ def run_show(
             styled(r.state),
             r.member_key or "",
             r.until.strftime("%H:%M:%S") if r.until else "",
-            (r.error or "")[:50],
+            clip(r.error, 50),
         )
     console.print(ledger)
     if run.cleanup_report:
-        console.print(f"cleanup report {json.dumps(run.cleanup_report)}", highlight=False)
+        console.print(f"cleanup report {json.dumps(run.cleanup_report)}")
 
 
 @run_app.command("cancel")
 def run_cancel(
-    run_id: int = typer.Argument(..., metavar="RUN"),
+    run_id: int = typer.Argument(..., metavar="RUN", help="The run's id."),
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Cancel a run: no new dispatches; in-flight steps answer; then cleanup per the event's policy."""
 
-    async def work(ctx: Context) -> bool:
-        return await ctx.engine.cancel_run(run_id, actor=os.environ.get("USER", "cli"))
+    async def work(ctx: Context) -> RunRow | None:
+        await ctx.store.get_run(run_id)  # no such run: NotFound, said as such
+        cancelled = await ctx.engine.cancel_run(run_id, actor=os.environ.get("USER", "cli"))
+        return None if cancelled else await ctx.store.get_run(run_id)
 
-    if in_context(database_url, config, work):
+    run = in_context(database_url, config, work)
+    if run is None:
         console.print(f"run {run_id}: cancel requested")
+    elif run.cancel_requested and not RunStatus(run.status).terminal:
+        console.print(f"run {run_id}: cancel already requested")
     else:
-        err.print(f"run {run_id} is not in flight (or is already being cancelled)")
-        raise typer.Exit(1)
+        fail([f"run {run_id} has already ended ({run.status}); nothing to cancel"])

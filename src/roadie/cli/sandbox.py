@@ -6,13 +6,13 @@ from typing import Any
 
 import typer
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, err, in_context, print_json
+from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, fail, group, in_context, print_json
 from roadie.cli.sandbox_serve import SecretOption, fetch_world
 from roadie.cli.sandbox_serve import serve as sandbox_serve
 from roadie.errors import RoadieError
 from roadie.runtime import Context
 
-sandbox_app = typer.Typer(help="The embedded sandbox world.", no_args_is_help=True)
+sandbox_app = group("The embedded sandbox world.")
 
 
 @sandbox_app.command("show")
@@ -31,15 +31,13 @@ def sandbox_show(
 
     if url:
         if not secret:
-            err.print("[red]error[/] --url needs the server's --secret (or ROADIE_SANDBOX_SECRET)", highlight=False)
-            raise typer.Exit(1)
+            raise typer.BadParameter("--url needs the server's --secret (or ROADIE_SANDBOX_SECRET)")
         try:
             snapshot = fetch_world(url, secret)
         except RoadieError as exc:
-            err.print(f"[red]error[/] {exc.message}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
+            fail([exc.message], as_json=as_json)
     else:
-        snapshot = in_context(database_url, config, work)
+        snapshot = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json(snapshot)
         return

@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from roadie.cli.common import require_web
+
 WORLD_PATH = "/sandbox/v1/world"
 SecretOption = typer.Option(
     None,
@@ -54,6 +56,7 @@ def serve(
     seed: int | None = typer.Option(None, "--seed", help="Seed of the --lose-answers dice."),
 ) -> None:
     """Serve the sandbox world over the remote protocol (push), or poll an engine (--pull)."""
+    require_web("sandbox serve")
     from roadie.durations import parse_duration
     from roadie.modules.sandbox import module
     from roadie.plugin import Faults

@@ -11,10 +11,20 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, err, in_context, print_json
+from roadie.cli.common import (
+    ConfigOption,
+    DatabaseOption,
+    JsonOption,
+    console,
+    err,
+    group,
+    in_context,
+    print_json,
+    require_web,
+)
 from roadie.runtime import Context
 
-token_app = typer.Typer(help="API tokens of `roadie serve`: create, list, revoke.", no_args_is_help=True)
+token_app = group("API tokens of `roadie serve`: create, list, revoke.")
 
 
 def serve(
@@ -36,6 +46,7 @@ def serve(
     """Serve the HTTP API (/api/v1, OpenAPI at /openapi.json), the dashboard, /metrics and
     /healthz, with an embedded worker unless --no-worker. SIGTERM or Ctrl-C stops it
     gracefully: the worker lets in-flight steps answer first."""
+    require_web("serve")
     import uvicorn
 
     from roadie.web import WebOptions, create_app
@@ -53,7 +64,7 @@ def serve(
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # said once the port is bound and the app has started, not before
-                err.print(serving, highlight=False)
+                err.print(serving)
 
     config_ = uvicorn.Config(create_app(options), host=host, port=port, log_level="warning", access_log=False)
     Server(config_).run()
@@ -90,12 +101,12 @@ def token_create(
             now=ctx.engine.clock.now(),
         )
 
-    row = in_context(database_url, config, work)
+    row = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json({"id": row.id, "name": row.name, "role": row.role, "key": row.key, "token": minted.token})
         return
     sys.stdout.write(minted.token + "\n")
-    err.print(f"token {row.name!r} ({row.role}) created; it is shown this once", highlight=False)
+    err.print(f"token {row.name!r} ({row.role}) created; it is shown this once")
 
 
 @token_app.command("list")
@@ -107,7 +118,7 @@ def token_list(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_tokens()
 
-    rows = in_context(database_url, config, work)
+    rows = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([{k: v for k, v in asdict(r).items() if k != "secret_hash"} for r in rows])
         return
@@ -132,4 +143,4 @@ def token_revoke(
         return await ctx.store.revoke_token(token, os.environ.get("USER", "cli"), ctx.engine.clock.now())
 
     row = in_context(database_url, config, work)
-    console.print(f"token {row.name!r} revoked", highlight=False)
+    console.print(f"token {row.name!r} revoked")

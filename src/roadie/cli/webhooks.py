@@ -10,12 +10,22 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, err, in_context, print_json, styled
+from roadie.cli.common import (
+    ConfigOption,
+    DatabaseOption,
+    JsonOption,
+    clip,
+    console,
+    err,
+    fail,
+    group,
+    in_context,
+    print_json,
+    styled,
+)
 from roadie.runtime import Context
 
-webhooks_app = typer.Typer(
-    help="Notifications sent to the webhooks of roadie.toml ([[webhooks]]).", no_args_is_help=True
-)
+webhooks_app = group("Notifications sent to the webhooks of roadie.toml ([[webhooks]]).")
 
 
 @webhooks_app.command("list")
@@ -32,7 +42,7 @@ def list_deliveries(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_deliveries(run_id, limit)
 
-    rows = in_context(database_url, config, work)
+    rows = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([asdict(r) for r in rows])
         return
@@ -43,12 +53,12 @@ def list_deliveries(
             note = f"next {r.next_at:%H:%M:%S}" + (f" · {note}" if note else "")
         table.add_row(
             f"{r.created_at:%Y-%m-%d %H:%M:%S}",
-            Text(r.target),
+            r.target,
             r.kind,
             str(r.run_id or ""),
             styled(r.state),
             str(r.attempts),
-            Text(note[:120]),
+            clip(note, 120),
         )
     console.print(table if rows else "nothing sent yet")
 
@@ -76,8 +86,7 @@ def send_test(
 
     result = in_context(database_url, config, work)
     if isinstance(result, str):
-        err.print(Text("error ", style="red") + Text(result))
-        raise typer.Exit(1)
+        fail([result])
     status, text = result
     line = Text(f"{name}: HTTP {status} ") + Text(text)
     if 200 <= status < 300:

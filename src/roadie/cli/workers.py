@@ -10,8 +10,18 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, in_context, print_json, styled
+from roadie.cli.common import (
+    ConfigOption,
+    DatabaseOption,
+    JsonOption,
+    console,
+    in_context,
+    print_json,
+    require_web,
+    styled,
+)
 from roadie.runtime import Context
+from roadie.store.dialects import redacted
 
 
 def init(database_url: str | None = DatabaseOption, config: str | None = ConfigOption) -> None:
@@ -21,7 +31,7 @@ def init(database_url: str | None = DatabaseOption, config: str | None = ConfigO
         return ctx.settings.database_url
 
     url = in_context(database_url, config, work)
-    console.print(f"database ready: {url}")
+    console.print(f"database ready: {redacted(url)}")
 
 
 def worker(
@@ -55,12 +65,11 @@ def worker(
             loop.add_signal_handler(sig, ctx.engine.stop)
         options = ctx.engine.options
         console.print(
-            f"worker {ctx.engine.worker_id} on {ctx.settings.database_url} "
+            f"worker {ctx.engine.worker_id} on {redacted(ctx.settings.database_url)} "
             f"(concurrency {options.concurrency}, claim ttl {options.claim_ttl:g}s)",
-            highlight=False,
         )
         await ctx.engine.run_forever()
-        console.print(f"worker {ctx.engine.worker_id} stopped", highlight=False)
+        console.print(f"worker {ctx.engine.worker_id} stopped")
 
     in_context(database_url, config, work, concurrency=concurrency, claim_ttl=claim_ttl)
 
@@ -82,6 +91,7 @@ def gateway(
     An embedded worker runs beside it unless --no-worker; its pulled calls are answered
     the moment a module posts them back. SIGTERM or Ctrl-C stops both gracefully.
     """
+    require_web("gateway")
     import uvicorn
 
     async def work(ctx: Context) -> None:
@@ -93,7 +103,7 @@ def gateway(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
-        console.print(f"gateway on http://{host}:{port} for {ctx.settings.database_url}", highlight=False)
+        console.print(f"gateway on http://{host}:{port} for {redacted(ctx.settings.database_url)}")
         if no_worker:
             await server.serve()
             return
@@ -103,7 +113,7 @@ def gateway(
         finally:
             ctx.engine.stop()
             await worker_task
-        console.print("gateway stopped", highlight=False)
+        console.print("gateway stopped")
 
     in_context(database_url, config, work, concurrency=concurrency)
 
@@ -118,7 +128,7 @@ def workers_list(
         now = ctx.engine.clock.now()
         return now, await ctx.store.list_workers(now, ctx.engine.options.claim_ttl)
 
-    now, rows = in_context(database_url, config, work)
+    now, rows = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([asdict(r) for r in rows])
         return

@@ -2,6 +2,6 @@
 
 from roadie.engine.base import EngineOptions
 from roadie.engine.cleanup import Cleanup, CleanupReport, PlannedCall
-from roadie.engine.engine import Engine
+from roadie.engine.engine import Engine, settled
 
-__all__ = ["Cleanup", "CleanupReport", "Engine", "EngineOptions", "PlannedCall"]
+__all__ = ["Cleanup", "CleanupReport", "Engine", "EngineOptions", "PlannedCall", "settled"]

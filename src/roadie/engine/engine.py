@@ -31,6 +31,7 @@ from roadie.engine.cleanup import Cleanup, CleanupReport
 from roadie.engine.drain import Drain
 from roadie.engine.notify import Notifier, Webhook
 from roadie.errors import (
+    DatabaseLost,
     InvalidState,
     RoadieError,
     StoreError,
@@ -247,6 +248,10 @@ class Engine(Drain):
 
     async def _work_forever(self) -> None:
         while not self._stopping.is_set():
+            lost = self.store.file_lost()
+            if lost is not None:
+                log.error("database lost; stopping", reason=lost)
+                raise DatabaseLost(f"{lost} while this worker ran: it stopped, as its work would be lost")
             try:
                 due = await self.tick()
             except StoreError as exc:
@@ -257,11 +262,15 @@ class Engine(Drain):
             wait = self.options.poll_interval
             if due is not None:
                 wait = max(0.0, min(wait, (due - self.clock.now()).total_seconds()))
-            sleeper = asyncio.create_task(self.clock.sleep(wait))
-            stopper = asyncio.create_task(self._stopping.wait())
-            await asyncio.wait([sleeper, stopper], return_when=asyncio.FIRST_COMPLETED)
-            sleeper.cancel()
-            stopper.cancel()
+            await self._nap(wait)
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep until then, or until `stop` is called."""
+        sleeper = asyncio.create_task(self.clock.sleep(seconds))
+        stopper = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait([sleeper, stopper], return_when=asyncio.FIRST_COMPLETED)
+        sleeper.cancel()
+        stopper.cancel()
 
     def stop(self) -> None:
         """Stop claiming; `run_forever` returns once in-flight steps have answered."""
@@ -271,21 +280,23 @@ class Engine(Drain):
         """Work until these runs have ended and any automatic cleanup is done.
 
         With a `FakeClock` time jumps straight to the next due moment; with the system
-        clock this sleeps until then, as a worker would.
+        clock this sleeps until then, as a worker would. Once `stop` is called it returns
+        as soon as what was in flight has answered, with the runs as they then stand:
+        whatever is left is any worker's to carry on.
         """
         ids = list(run_ids)
         for _ in range(max_ticks):
             due = await self.tick()
             await self.cleanups_done()
             current = await self.store.runs_by_ids(ids)
-            if all(_settled(r) for r in current):
+            if all(settled(r) for r in current) or self._stopping.is_set():
                 return current
             if due is None:
                 due = self.clock.now() + timedelta(seconds=self.options.poll_interval)
             if isinstance(self.clock, FakeClock):
                 self.clock.set(max(due, self.clock.now()))
             else:
-                await self.clock.sleep(max(0.0, (due - self.clock.now()).total_seconds()))
+                await self._nap(max(0.0, (due - self.clock.now()).total_seconds()))
         raise RoadieError(f"runs {ids} did not settle within {max_ticks} ticks")
 
 
@@ -296,7 +307,9 @@ def _version() -> str:
         return "unknown"
 
 
-def _settled(run: RunRow) -> bool:
+def settled(run: RunRow) -> bool:
+    """Ended, and cleaned up if its cleanup is automatic: nothing more happens to it unless
+    someone asks."""
     if not RunStatus(run.status).terminal:
         return False
     awaiting_cleanup = run.cleanup_status == CleanupStatus.PENDING.value

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -27,6 +29,7 @@ ENTRY_POINT_GROUP = "roadie.modules"
 class Loaded:
     module: Module
     state: Any
+    opened: bool = True  # its setup ran (and its close is owed)
 
 
 class Registry:
@@ -37,23 +40,31 @@ class Registry:
         self._loaded: dict[str, Loaded] = {}
 
     def register(
-        self, module: Module, settings: Mapping[str, Any] | None = None, *, base_dir: str = ".", replace: bool = False
+        self,
+        module: Module,
+        settings: Mapping[str, Any] | None = None,
+        *,
+        base_dir: str = ".",
+        replace: bool = False,
+        open_state: bool = True,
     ) -> None:
         """Add a module and open its state now, so a bad setup fails at start, not mid-run.
 
         `replace` swaps a module already registered under that name (a remote module that
-        announced a new manifest)."""
+        announced a new manifest). Without `open_state` only what the module declares is
+        known (enough to check an event file): its setup, which may create files or
+        connect to a world, is not run."""
         if module.name in self._loaded and not replace:
             raise RegistryError(f"module {module.name!r} is registered twice")
         module.check()
         state = None
-        if module.setup_fn is not None:
+        if module.setup_fn is not None and open_state:
             state = module.setup_fn(ModuleConfig(settings or {}, self.clock, base_dir))
-        self._loaded[module.name] = Loaded(module, state)
+        self._loaded[module.name] = Loaded(module, state, opened=open_state)
 
     async def close(self) -> None:
         for loaded in self._loaded.values():
-            if loaded.module.close_fn is not None:
+            if loaded.module.close_fn is not None and loaded.opened:
                 await maybe_await(loaded.module.close_fn(loaded.state))
 
     @property
@@ -108,9 +119,16 @@ def _suggest(wrong: str, known: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def import_module_object(path: str) -> Module:
-    """Import `package.module:attribute` (or `package.module`, attribute `module`)."""
+def import_module_object(path: str, *, beside: str | None = None) -> Module:
+    """Import `package.module:attribute` (or `package.module`, attribute `module`); with
+    `beside`, a module file in that folder (the configuration's) is found there too, as
+    an operator who puts `mygame.py` next to `roadie.toml` expects."""
     target, _, attribute = path.partition(":")
+    if beside is not None:
+        folder = os.path.abspath(beside)
+        top = os.path.join(folder, target.split(".")[0])
+        if folder not in sys.path and (os.path.exists(top + ".py") or os.path.isdir(top)):
+            sys.path.append(folder)  # after everything installed: a stray file shadows nothing
     try:
         imported = importlib.import_module(target)
     except ImportError as exc:
@@ -132,12 +150,14 @@ def build_registry(
     clock: Clock | None = None,
     base_dir: str = ".",
     discover: bool = True,
+    open_states: bool = True,
 ) -> Registry:
     """A registry of the entry-point modules plus those named in configuration.
 
     `modules` maps a module name to its settings table; a table with `import = "pkg:attr"`
     loads that object, one without loads the entry point of that name. With `discover`,
-    every installed entry point is loaded, with empty settings unless configured.
+    every installed entry point is loaded, with empty settings unless configured. Without
+    `open_states` no module's setup is run (`Registry.register`).
     """
     registry = Registry(clock)
     configured = dict(modules or {})
@@ -154,9 +174,9 @@ def build_registry(
             path = "roadie.modules.core:module"
         if path is None:
             raise ConfigError(f"module {name!r} is configured but not installed and has no 'import'")
-        module = import_module_object(str(path))
+        module = import_module_object(str(path), beside=base_dir if name in configured else None)
         if module.name != name:
             raise ConfigError(f"{path!r} is module {module.name!r}, configured as {name!r}")
-        registry.register(module, settings, base_dir=base_dir)
+        registry.register(module, settings, base_dir=base_dir, open_state=open_states)
         log.debug("module loaded", module=name, path=path)
     return registry

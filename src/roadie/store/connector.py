@@ -8,6 +8,7 @@ each write transaction commits, and whatever it raises aborts that transaction.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -50,6 +51,7 @@ class Connector:
         self.dialect = engine.dialect.name
         self.write_point: WritePoint = write_point or (lambda name: None)
         self.active = 0  # database calls under way, for callers (tests) that must know
+        self._file: tuple[str, int, int] | None = None  # a SQLite file's path, device and inode
 
     @classmethod
     async def open(cls, url: str, *, migrate_schema: bool = True, **kwargs: Any) -> Self:
@@ -79,7 +81,23 @@ class Connector:
                     f"{dialects.describe_failure(exc)}; check that {where}, and the URL "
                     "(--database-url, ROADIE_DATABASE_URL or roadie.toml)"
                 ) from exc
+        store._file = dialects.file_identity(engine.url)
         return store
+
+    def file_lost(self) -> str | None:
+        """For a SQLite database, why its file is no longer the one opened (deleted, or
+        replaced by another), else None. SQLite carries on in a deleted file unawares,
+        and a worker would then work in a database nobody else can see."""
+        if self._file is None:
+            return None
+        path, device, inode = self._file
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            return f"the database file {path} was deleted"
+        if (now.st_dev, now.st_ino) != (device, inode):
+            return f"the database file {path} was replaced by another file"
+        return None
 
     async def migrate(self) -> None:
         """Bring the schema to the newest migration. A connection the server drops (it is

@@ -12,7 +12,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from roadie.errors import StoreError
+from roadie.errors import ConfigError, StoreError
 
 ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
@@ -39,20 +39,26 @@ def async_url(url: str) -> str:
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """The engine for an operator's URL; a URL that names no database Roadie speaks is a
-    `StoreError` saying which it does."""
+    `ConfigError` saying which it does."""
     try:
         backend = make_url(url).get_backend_name()
     except ArgumentError as exc:
-        raise StoreError(f"{url!r} is not a database URL; write e.g. {EXAMPLE_URLS}") from exc
+        raise ConfigError(f"{url!r} is not a database URL; write e.g. {EXAMPLE_URLS}") from exc
     if backend not in ASYNC_DRIVERS:
-        raise StoreError(f"{url.split('://')[0]!r} is no database Roadie can use; write e.g. {EXAMPLE_URLS}")
+        raise ConfigError(f"{url.split('://')[0]!r} is no database Roadie can use; write e.g. {EXAMPLE_URLS}")
     if backend in MYSQL_FAMILY:
         # InnoDB's default, REPEATABLE READ, takes gap locks on the unique indexes that
         # insert-ignore relies on, and workers inserting side by side then wait on one
         # another for seconds. Every transaction here is guarded by its own WHERE
         # clauses, so read-committed is all it needs.
         kwargs.setdefault("isolation_level", "READ COMMITTED")
-    engine = create_async_engine(async_url(url), **kwargs)
+    try:
+        engine = create_async_engine(async_url(url), **kwargs)
+    except ImportError as exc:  # the driver is an extra: `postgresql` or `mariadb`
+        extra = "mariadb" if backend in MYSQL_FAMILY else backend
+        raise StoreError(
+            f"{backend} needs its driver, {exc.name or exc}, which is not installed: pip install 'roadie[{extra}]'"
+        ) from exc
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
     return engine
@@ -140,6 +146,41 @@ def is_connection_lost(dialect_name: str, error: BaseException) -> bool:
             code = code[0]
         return code in _MYSQL_CONNECTION_CODES
     return False
+
+
+IN_MEMORY = "sqlite:///:memory:"
+
+
+def exists(url: str) -> bool:
+    """Whether the database at `url` may already exist: false only for a SQLite file that
+    is not there (a server's database is never made by opening it)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return True  # let opening it say what is wrong with it
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return True
+    return Path(parsed.database).expanduser().exists()
+
+
+def file_identity(url: URL) -> tuple[str, int, int] | None:
+    """A SQLite file's absolute path, device and inode; None for anything else."""
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    path = Path(url.database).expanduser().absolute()
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return str(path), found.st_dev, found.st_ino
+
+
+def redacted(url: str) -> str:
+    """`url` as it may be shown or logged: with its password, if it has one, as `***`."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("://")[0] + "://…" if "@" in url else url
 
 
 def missing_folder(url: URL) -> Path | None:
