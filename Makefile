@@ -4,13 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos lint bench clean chromium
+.PHONY: demo test chaos lint bench clean chromium constraints
 
-$(STAMP): pyproject.toml
+# The versions in constraints.txt are those the suite last passed with.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# After a deliberate upgrade (pip install -U in .venv, then make test): pin what passed.
+constraints: $(STAMP)
+	{ head -n 2 constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^roadie'; } > constraints.new
+	mv constraints.new constraints.txt
 
 demo: $(STAMP)
 	rm -rf .demo && mkdir -p .demo
