@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -256,3 +257,17 @@ def test_no_command_prints_a_secret_of_its_configuration(
                 assert secret not in printed, f"roadie {' '.join(command)} printed {secret!r}: {printed}"
     finally:
         database.drop_all()
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_a_port_in_use_is_one_line(folder: Path, command: str) -> None:
+    """Before: uvicorn's own log line and exit 1, after the database was opened and the
+    worker announced. Now one line naming the address, exit 69."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out = roadie(command, "--port", str(port))
+    assert code == 69, out
+    [line] = out.strip().splitlines()
+    assert line.startswith(f"error cannot listen on 127.0.0.1:{port}: Address already in use"), line

@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import json
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -93,6 +94,25 @@ def require_web(command: str) -> None:
             code=os.EX_UNAVAILABLE,
             kind="not_installed",
         )
+
+
+def listening(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` for a server to serve on; one that cannot be bound
+    (in use, not this machine's address) is one line and exit 69, not a server's log."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        fail(
+            [f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port, or stop what holds it"],
+            code=os.EX_UNAVAILABLE,
+            kind="listen",
+        )
+    sock.set_inheritable(True)
+    return sock
 
 
 def in_context(

@@ -19,6 +19,7 @@ from roadie.cli.common import (
     err,
     group,
     in_context,
+    listening,
     print_json,
     require_web,
 )
@@ -58,6 +59,7 @@ def serve(
     # A database that cannot be opened is one line before anything is served, not a
     # traceback from the server's startup.
     in_context(database_url, config, _opened)
+    sock = listening(host, port)
     serving = f"roadie serve on http://{host}:{port} (worker {'off' if no_worker else 'on'})"
 
     class Server(uvicorn.Server):
@@ -67,7 +69,7 @@ def serve(
                 err.print(serving)
 
     config_ = uvicorn.Config(create_app(options), host=host, port=port, log_level="warning", access_log=False)
-    Server(config_).run()
+    Server(config_).run(sockets=[sock])
 
 
 async def _opened(ctx: Context) -> None:

@@ -16,6 +16,7 @@ from roadie.cli.common import (
     JsonOption,
     console,
     in_context,
+    listening,
     print_json,
     require_web,
     styled,
@@ -94,6 +95,8 @@ def gateway(
     require_web("gateway")
     import uvicorn
 
+    sock = listening(host, port)
+
     async def work(ctx: Context) -> None:
         ctx.remotes.queue.visibility = visibility
         server = uvicorn.Server(uvicorn.Config(ctx.gateway().app(), host=host, port=port, log_level="warning"))
@@ -105,11 +108,11 @@ def gateway(
             signal.signal(sig, lambda *_: None)
         console.print(f"gateway on http://{host}:{port} for {redacted(ctx.settings.database_url)}")
         if no_worker:
-            await server.serve()
+            await server.serve(sockets=[sock])
             return
         worker_task = asyncio.create_task(ctx.engine.run_forever())
         try:
-            await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles them)
+            await server.serve(sockets=[sock])  # returns on SIGINT/SIGTERM (uvicorn handles them)
         finally:
             ctx.engine.stop()
             await worker_task
