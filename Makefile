@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos lint bench clean chromium constraints
+.PHONY: demo test chaos lint bench clean chromium pgbouncer constraints
 
 # The versions in constraints.txt are those the suite last passed with.
 $(STAMP): pyproject.toml constraints.txt
@@ -22,12 +22,18 @@ demo: $(STAMP)
 	rm -rf .demo && mkdir -p .demo
 	cd .demo && ../$(BIN)/roadie demo
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium pgbouncer
 	$(BIN)/python -m pytest
 
 # The dashboard's browser test drives Debian's Chromium (Playwright downloads no browser).
 chromium:
 	@[ -x /usr/bin/chromium ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || echo "chromium missing: apt-get install -y chromium (as root) for tests/web/test_browser.py"
+
+# The suite runs its PostgreSQL tests again through Debian's PgBouncer (transaction
+# pooling), which it starts itself (tests/databases.py); systemd-analyze checks deploy/.
+pgbouncer:
+	@[ -x /usr/sbin/pgbouncer ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; } || echo "pgbouncer missing: apt-get install -y pgbouncer (as root) for the pgbouncer backend"
+	@command -v systemd-analyze >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd; } || echo "systemd-analyze missing: apt-get install -y systemd (as root) for tests/deploy"
 
 # The crash-and-fault suite at the size docs/reliability.md reports, on every database
 # (about 45 minutes on 2 cores; it stops and starts the machine's PostgreSQL once), then the

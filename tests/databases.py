@@ -1,6 +1,6 @@
 """The databases the suite runs on (the `database` fixture in conftest.py uses these).
 
-`ROADIE_TEST_DATABASES` picks the backends (default: sqlite, postgresql, mariadb). Every test that uses
+`ROADIE_TEST_DATABASES` picks the backends (default: all four). Every test that uses
 the `database` fixture (through `harness`) runs once per backend, each on a database of
 its own. A server that cannot be reached skips its tests on a developer's machine and
 fails them in CI (`CI=true`), where a skip would hide a missing service.
@@ -9,7 +9,8 @@ fails them in CI (`CI=true`), where a skip would hide a missing service.
 mode, as operators run it: started here, once per test process, on a free port (or named
 by `ROADIE_TEST_PGBOUNCER`). Consecutive transactions of one connection of Roadie's may
 then run on different server connections, so whatever leans on session state (prepared
-statements, session advisory locks, `SET`) fails there.
+statements unless the URL says `prepare_threshold=none`, session advisory locks, `SET`)
+fails there.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from roadie.store.dialects import async_url
+from roadie.store import dialects
 
 SERVERS = {
     "postgresql": os.environ.get("ROADIE_TEST_POSTGRESQL", "postgresql://postgres@127.0.0.1:5432/test"),
@@ -38,13 +38,15 @@ SERVERS = {
 # A password put into every PostgreSQL URL the tests hand out (trust auth ignores it), so
 # that the scan in tests/conftest.py finds it wherever a command prints it.
 PLANTED_PASSWORD = "planted-db-password-7f3a"
-BACKENDS = [b.strip() for b in os.environ.get("ROADIE_TEST_DATABASES", "sqlite,postgresql,mariadb").split(",") if b]
+BACKENDS = [
+    b.strip() for b in os.environ.get("ROADIE_TEST_DATABASES", "sqlite,postgresql,mariadb,pgbouncer").split(",") if b
+]
 DIALECTS = {"sqlite": "sqlite", "postgresql": "postgresql", "pgbouncer": "postgresql", "mariadb": "mysql"}
 _reachable: dict[str, str | None] = {}
 
 
 async def _admin(url: str, *statements: str) -> None:
-    engine = create_async_engine(async_url(url), isolation_level="AUTOCOMMIT")
+    engine = dialects.create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         async with engine.connect() as conn:
             for statement in statements:
@@ -114,6 +116,12 @@ class Database:
         self.made.clear()
 
 
+def is_pooled(url: str) -> bool:
+    """Whether `url` reaches its server through the PgBouncer these tests started."""
+    bouncer = SERVERS.get("pgbouncer")
+    return bouncer is not None and make_url(url).port == make_url(bouncer).port
+
+
 def _start_pgbouncer(server_url: str) -> str:
     """Start PgBouncer in transaction pooling mode in front of `server_url`, for as long as
     this process lives; answer its URL. Debian's package is what `make test` installs."""
@@ -137,12 +145,15 @@ def _start_pgbouncer(server_url: str) -> str:
         # Each test has a database of its own, and the server 100 connections for all of
         # them: a few per database, given back to the server soon after they go idle.
         "default_pool_size = 8\nmax_db_connections = 8\nserver_idle_timeout = 5\n"
+        "log_connections = 0\nlog_disconnections = 0\n"
         f"logfile = {home / 'pgbouncer.log'}\npidfile = {home / 'pgbouncer.pid'}\n"
     )
     argv = [binary, str(home / "pgbouncer.ini")]
     if os.geteuid() == 0:
         argv[1:1] = ["-u", "postgres"]  # it refuses to run as root
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its stderr goes to a file: a pipe nobody reads fills up, and PgBouncer then blocks.
+    with (home / "stderr.log").open("wb") as stderr:
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
 
     def stop() -> None:
         process.kill()  # nothing of its own to keep: the server holds the data
@@ -153,7 +164,8 @@ def _start_pgbouncer(server_url: str) -> str:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"pgbouncer exited {process.returncode}: {process.stderr.read().decode()[-500:]}")  # type: ignore[union-attr]
+            said = (home / "stderr.log").read_text(errors="replace")[-500:]
+            raise RuntimeError(f"pgbouncer exited {process.returncode}: {said}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
@@ -161,4 +173,7 @@ def _start_pgbouncer(server_url: str) -> str:
             time.sleep(0.05)
     else:
         raise RuntimeError("pgbouncer did not listen within 30 s")
-    return server.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+    # Transaction pooling: no statement prepared on one server connection is there on the
+    # next (docs/deploy.md, "Behind PgBouncer").
+    bouncer = server.set(host="127.0.0.1", port=port).update_query_dict({"prepare_threshold": "none"})
+    return bouncer.render_as_string(hide_password=False)
