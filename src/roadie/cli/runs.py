@@ -140,14 +140,13 @@ def _hand_over(left: Left, *, as_json: bool, database_url: str | None, config: s
     """Say what the interrupted run leaves in the world and who carries it on; at a
     terminal, offer to cancel it and clean up here instead."""
     run = left.run
-    phases = len(run.definition.get("phases", []))
     carried = (
         f"{left.workers} worker(s) alive will carry it on"
         if left.workers
         else "no worker is alive: start `roadie worker` to carry it on"
     )
     err.print(
-        f"run {run.id} is {run.status} (phase {min(run.phase + 1, phases)}/{phases}, cleanup {run.cleanup_status}) "
+        f"run {run.id} is {run.status} (phase {_phase(run)}, cleanup {run.cleanup_status}) "
         f"with {left.live} resource(s) live in the world; it is left to the workers: {carried}, "
         f"or `roadie run cancel {run.id}` cancels it and cleans up.",
         soft_wrap=True,
@@ -161,6 +160,12 @@ def _hand_over(left: Left, *, as_json: bool, database_url: str | None, config: s
         return ended
 
     return in_context(database_url, config, cancel)
+
+
+def _phase(run: RunRow) -> str:
+    """Where the run stands, as "phase/phases" (the last once it is past them all)."""
+    phases = len(run.definition.get("phases", []))
+    return f"{min(run.phase + 1, phases)}/{phases}"
 
 
 def _run_dict(run: RunRow) -> dict[str, Any]:
@@ -189,13 +194,12 @@ def run_list(
         return
     table = Table("run", "event", "status", "cleanup", "phase", "created", "error")
     for r in runs:
-        phases = len(r.definition.get("phases", []))
         table.add_row(
             str(r.id),
             r.event_id,
             styled(r.status),
             styled(r.cleanup_status),
-            f"{min(r.phase + 1, phases)}/{phases}",
+            _phase(r),
             r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
             clip(r.error, 60),
         )

@@ -186,16 +186,22 @@ def exists(url: str) -> bool:
         parsed = make_url(url)
     except ArgumentError:
         return True  # let opening it say what is wrong with it
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
-        return True
-    return Path(parsed.database).expanduser().exists()
+    path = sqlite_file(parsed)
+    return path is None or path.exists()
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The absolute path of a SQLite database's file; None for an in-memory one or a server's."""
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database).expanduser().absolute()
 
 
 def file_identity(url: URL) -> tuple[str, int, int] | None:
     """A SQLite file's absolute path, device and inode; None for anything else."""
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    path = sqlite_file(url)
+    if path is None:
         return None
-    path = Path(url.database).expanduser().absolute()
     try:
         found = path.stat()
     except OSError:
@@ -214,10 +220,10 @@ def redacted(url: str) -> str:
 def missing_folder(url: URL) -> Path | None:
     """For a SQLite file whose folder does not exist, that folder (SQLite would only say
     "unable to open database file")."""
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    path = sqlite_file(url)
+    if path is None:
         return None
-    folder = Path(url.database).expanduser().absolute().parent
-    return None if folder.is_dir() else folder
+    return None if path.parent.is_dir() else path.parent
 
 
 def describe_failure(error: BaseException) -> str:
