@@ -15,6 +15,7 @@ from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
 from roadie.engine import Engine, EngineOptions
 from roadie.engine.notify import parse_webhooks
+from roadie.errors import ConfigError
 from roadie.registry import Registry, build_registry
 from roadie.remote import Remotes, attach_remote_modules, refresh_pull_module
 from roadie.store import Store, dialects
@@ -74,7 +75,7 @@ async def open_context(
         await store.close()
         await registry.close()
         raise
-    options = EngineOptions(**{k: v for k, v in settings.engine.items() if k in EngineOptions.__dataclass_fields__})
+    options = engine_options(settings)
     if concurrency is not None:
         options.concurrency = concurrency
     if claim_ttl is not None:
@@ -86,3 +87,16 @@ async def open_context(
         await engine.close()
         await store.close()
         await registry.close()
+
+
+def engine_options(settings: Settings) -> EngineOptions:
+    """`[engine]` of roadie.toml as EngineOptions; the cleanup caps are checked here, since
+    a cap that is not a count would only fail at the first cleanup."""
+    options = EngineOptions(**{k: v for k, v in settings.engine.items() if k in EngineOptions.__dataclass_fields__})
+    if not isinstance(options.cleanup_caps, dict):
+        raise ConfigError(f"{settings.source}: [engine.cleanup_caps] must be a table of module = count")
+    caps = {"cleanup_cap": options.cleanup_cap, **{f"cleanup_caps.{m}": n for m, n in options.cleanup_caps.items()}}
+    for name, cap in caps.items():
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            raise ConfigError(f"{settings.source}: [engine] {name} must be a count of rows, not {cap!r}")
+    return options

@@ -29,16 +29,42 @@ class RunStatus(StrEnum):
 TERMINAL_RUN_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
 
 
-class CleanupStatus(StrEnum):
-    NOT_REQUIRED = "not_required"
-    PENDING = "pending"
-    COMPLETE = "complete"
-    INCOMPLETE = "incomplete"
-
-
 class CleanupPolicy(StrEnum):
     AUTO = "auto"
     MANUAL = "manual"
+
+
+class CleanupStatus(StrEnum):
+    NOT_REQUIRED = "not_required"
+    PENDING = "pending"
+    COMPLETE = "complete"  # nothing live, and the world inspected (or not inspectable): see Verdict
+    INCOMPLETE = "incomplete"  # something could not be reverted: a human retries
+    ROLLED_BACK = "rolled_back"  # the world was found partially rolled back: due again by itself
+    HELD = "held"  # more to revert than a module's cap: waits for a person to confirm
+
+
+# The cleanup statuses a cleanup is due from: claimed without a human's "again".
+CLEANUP_DUE = frozenset({CleanupStatus.PENDING.value, CleanupStatus.ROLLED_BACK.value})
+
+# A run found partially rolled back is cleaned up (and read back) again by the workers,
+# whatever its policy (a cleanup was asked for already), up to this many cleanup rounds in
+# all; then it waits for a human, as `incomplete` does.
+AUTO_CLEANUP_ROUNDS = 5
+
+
+def awaits_auto_cleanup(policy: str, cleanup_status: str, attempts: int) -> bool:
+    """Whether a worker will clean up an ended run by itself, now or soon."""
+    if cleanup_status == CleanupStatus.ROLLED_BACK.value:
+        return attempts < AUTO_CLEANUP_ROUNDS
+    return policy == CleanupPolicy.AUTO.value and cleanup_status == CleanupStatus.PENDING.value
+
+
+class Verdict(StrEnum):
+    """What inspecting the world after a cleanup proved (DESIGN §6, Verify)."""
+
+    VERIFIED_CLEAN = "verified_clean"  # every reverted resource and restored lease inspected: gone, given back
+    PARTIALLY_ROLLED_BACK = "partially_rolled_back"  # something came back, is still there, or was not inspected
+    UNVERIFIED = "unverified"  # clean as far as inspected; some rows' modules cannot inspect
 
 
 class StepStatus(StrEnum):

@@ -112,9 +112,13 @@ def test_manual_cleanup_plan_then_cleanup(workdir: Path) -> None:
 
     code, out = roadie("cleanup", str(run["id"]), "--plan", "--json")
     assert code == 0, out
-    plan = json.loads(out)
+    plan = json.loads(out)["calls"]
     assert [c["kind"] for c in plan] == ["revert", "restore"]
     assert len(plan[0]["resources"]) == 2
+    summary = {(g["module"], g["kind"]): g for g in json.loads(out)["summary"]}
+    assert summary["sandbox", "creature"]["count"] == 2
+    assert summary["sandbox", "creature"]["newest"][0].startswith("raider in yew (creature ")
+    assert summary["core", "override"]["newest"] == ["sandbox.weather#yew, back to 'clear'"]
     code, world_after_plan = roadie("sandbox", "show", "--json")
     assert world_after_plan == world
 

@@ -229,14 +229,18 @@ def test_a_run_over_the_network_is_exact_through_faults_and_a_kill(tmp_path: Pat
     asyncio.run(body())
 
 
-def test_verify_reverts_what_a_rolled_back_server_brought_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
+def test_a_rolled_back_server_is_found_and_taken_down_again(tmp_path: Path, pull: bool) -> None:
     """The server's world file is put back as it was just before cleanup (a game server
-    that crashed before saving its removals): `verify` finds every creature that came back
-    and reverts it again; the object a reused serial now names is left alone."""
-    server = SandboxServer(tmp_path)
+    that crashed before saving its removals): the next cleanup round reads the world back
+    over the protocol, finds every creature and setting that came back, says *partially
+    rolled back* and reverts them again; the object a reused serial now names is left
+    alone; the round after says *verified clean*."""
+    gateway_port = free_port()
+    server = SandboxServer(tmp_path, pull=f"http://127.0.0.1:{gateway_port}" if pull else None)
 
     async def body() -> None:
-        async with remote_engine(tmp_path, server, pull=False, gateway_port=0) as remote:
+        async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
             store, engine = remote.store, remote.engine
             before = world_state(server.world)
             text = event_text("verify").replace("cleanup: auto", "cleanup: manual")
@@ -254,7 +258,7 @@ def test_verify_reverts_what_a_rolled_back_server_brought_back(tmp_path: Path) -
                     shutil.copy(tmp_path / name, tmp_path / f"saved-{name}")
             server.start()
             report = await engine.clean_up(run.id)
-            assert report.status == "complete"
+            assert (report.status, report.verdict) == ("complete", "verified_clean")
             assert world_state(server.world) == before
 
             server.stop()  # the crash, and the restart from the last save
@@ -270,13 +274,19 @@ def test_verify_reverts_what_a_rolled_back_server_brought_back(tmp_path: Path) -
             world.close()
             server.start()
 
-            verified = await engine.cleanup.verify(run.id, actor="test")
-            assert verified.came_back == SPAWNS * 2 + PLACES - 1
-            assert verified.redone == verified.came_back
-            assert verified.foreign == 1
+            again = await engine.clean_up(run.id, again=True)
+            assert (again.status, again.verdict) == ("rolled_back", "partially_rolled_back")
+            leases = 2
+            assert again.verification["came_back"] == SPAWNS * 2 + PLACES - 1 + leases
+            assert (again.reverted, again.restored) == (SPAWNS * 2 + PLACES - 1, leases)
+            assert again.verification["foreign"] == 1
             after = world_state(server.world)
             assert after["creatures"] == {reused: {"kind": "horse", "region": "britain"}}
-            assert after["items"] == before["items"]
+            assert {k: v for k, v in after.items() if k != "creatures"} == {
+                k: v for k, v in before.items() if k != "creatures"
+            }
+            proof = await engine.clean_up(run.id)
+            assert (proof.status, proof.verdict, proof.calls) == ("complete", "verified_clean", 0)
 
     asyncio.run(body())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -455,6 +456,41 @@ def test_fail_reverts_next_fails_the_revert_then_lets_it_through(env: Env) -> No
     assert len(env.world.snapshot()["creatures"]) == 2
     env.revert("spawn", "k", resources(answer))
     assert env.world.snapshot()["creatures"] == {}
+
+
+def test_lose_reverts_next_answers_the_revert_and_keeps_nothing(env: Env) -> None:
+    """lose_reverts_next(n): the revert answers as if done, and the world still holds
+    everything (a crash before its next save); the next revert goes through. Named after
+    a lease, it loses that lease's next write instead, and leaves reverts alone."""
+    answer = env.dispatch("spawn", "k", kind="orc", region="yew", count=2)
+    env.world.lose_reverts_next(1)
+    assert env.revert("spawn", "k", resources(answer)) is None
+    assert len(env.world.snapshot()["creatures"]) == 2
+    assert [e["op"] for e in env.world.effects()] == ["create", "create"]
+    assert env.world.faults_met["lose_revert"] == 1
+    env.world.lose_reverts_next(1, action="weather.write")
+    env.revert("spawn", "k", resources(answer))
+    assert env.world.snapshot()["creatures"] == {}
+    env.write("weather", "storm", "yew")
+    assert env.read("weather", "yew") == "clear"
+    env.write("weather", "storm", "yew")
+    assert env.read("weather", "yew") == "storm"
+
+
+def test_a_world_file_from_before_lose_revert_takes_the_knob(tmp_path: Path, clock: FakeClock) -> None:
+    """A world file whose faults table predates `lose_revert` gets the table made again."""
+    path = tmp_path / "old.db"
+    open_world(str(path), clock).close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE faults")
+        db.execute(
+            "CREATE TABLE faults (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL CHECK (kind IN "
+            "('fail', 'lose', 'crash', 'fail_revert')), action TEXT, remaining INTEGER NOT NULL CHECK "
+            "(remaining > 0), message TEXT)"
+        )
+    with open_world(str(path), clock) as world:
+        world.lose_reverts_next(1)
+        assert [f["kind"] for f in world.pending_faults()] == ["lose_revert"]
 
 
 def test_a_refused_call_does_not_consume_a_knob(env: Env) -> None:

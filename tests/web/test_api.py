@@ -3,8 +3,10 @@ worker carrying the runs out."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from roadie.states import AUTO_CLEANUP_ROUNDS
 from roadie.web import tokens
 from tests.web.conftest import QUICK, SLOW, Site
 
@@ -120,6 +122,44 @@ def test_cleanup_retry_after_incomplete_and_scoped_by_member(site: Site) -> None
     assert site.run_row(run["id"]).cleanup_status == "incomplete"
     again = site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator").json()
     assert (again["status"], again["reverted"]) == ("complete", 2)
+
+
+def test_a_world_that_loses_reverts_is_reported_partially_rolled_back_until_proved(site: Site) -> None:
+    """The world loses every revert: the cleanup's answer and the run say `rolled_back`
+    with each raider still there; the worker's rounds run out and the ledger page names
+    them. Once the world keeps its reverts, a staff retry and the worker's next round
+    prove it: `complete`, verified clean."""
+    site.upload(QUICK)
+    run = _start(site)
+    site.wait_settled(run["id"])
+    world = site.state.registry.state("sandbox")
+    world.lose_reverts_next(1000)
+    report = site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator").json()
+    assert (report["status"], report["verdict"]) == ("rolled_back", "partially_rolled_back")
+    assert report["verification"]["still_there"] == 2
+    assert [f["finding"] for f in report["verification"]["findings"]] == ["still_there"] * 2
+
+    def shown() -> dict[str, Any]:
+        return site.get(f"/api/v1/runs/{run['id']}").json()  # type: ignore[no-any-return]
+
+    deadline = time.monotonic() + 60
+    while shown()["cleanup_attempts"] < AUTO_CLEANUP_ROUNDS:
+        assert time.monotonic() < deadline, "the worker never took its rounds"
+        time.sleep(0.05)
+    assert shown()["cleanup_status"] == "rolled_back"
+    page = site.get(f"/runs/{run['id']}/ledger").text
+    assert "partially rolled back" in page
+    assert page.count("<td>came back</td>") == 2  # the raiders, by name
+    assert "Retry cleanup" in site.get(f"/runs/{run['id']}/ledger", "operator").text
+
+    world.clear_faults()
+    retry = site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator").json()
+    assert retry["verdict"] == "partially_rolled_back"  # the last lost redo left them there
+    while shown()["cleanup_status"] != "complete":
+        assert time.monotonic() < deadline, "the worker never proved the redo"
+        time.sleep(0.05)
+    assert shown()["cleanup_report"]["verdict"] == "verified_clean"
+    assert "verified clean" in site.get(f"/runs/{run['id']}").text
 
 
 def test_cancel_a_run_in_flight_and_refuse_a_second_cancel(site: Site) -> None:

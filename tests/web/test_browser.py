@@ -118,6 +118,7 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             page.click("#cleanup-button")
             expect(page.locator("#cleanup-status")).to_contain_text("complete")
             expect(page.locator("#cleanup-report")).to_contain_text("0 failed")
+            expect(page.locator("#verdict")).to_contain_text("verified clean")
             expect(page.locator("#plan")).to_contain_text("Nothing to clean up")
         finally:
             browser.close()

@@ -78,6 +78,7 @@ CALLS = [
     Call("GET", "/api/v1/runs/{run_id}/ledger", "viewer", fixed("/api/v1/runs/{run}/ledger")),
     Call("GET", "/api/v1/runs/{run_id}/events", "viewer", fixed("/api/v1/runs/{run}/events")),
     Call("GET", "/api/v1/runs/{run_id}/cleanup/plan", "viewer", fixed("/api/v1/runs/{run}/cleanup/plan")),
+    Call("GET", "/api/v1/runs/{run_id}/cleanup/preview", "viewer", fixed("/api/v1/runs/{run}/cleanup/preview")),
     Call(
         "POST",
         "/api/v1/runs/{run_id}/cleanup",

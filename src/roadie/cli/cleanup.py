@@ -22,7 +22,10 @@ from roadie.cli.common import (
     print_json,
     styled,
 )
+from roadie.engine.cleanup import PreviewGroup
+from roadie.engine.verify import LISTED
 from roadie.runtime import Context
+from roadie.states import CleanupStatus
 
 
 def cleanup(
@@ -33,34 +36,44 @@ def cleanup(
     verify: bool = typer.Option(
         False,
         "--verify",
-        help="Then ask each module to inspect what was reverted, and revert again whatever came back.",
+        help="Another round now, also for a complete run: read the world back, and revert again what came back.",
+    ),
+    confirm: bool = typer.Option(
+        False, "--confirm", help="Go ahead though a module has more to revert than its cap (audited)."
     ),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Revert everything a run left in the world, newest first, and report."""
-    verified: Any = None
+    """Revert everything a run left in the world, newest first, then read the world back
+    and report a verdict: verified clean, partially rolled back, or unverified."""
 
     async def work(ctx: Context) -> Any:
-        nonlocal verified
         if plan:
-            return await ctx.engine.cleanup.plan(run_id, member)
+            return await ctx.engine.cleanup.preview(run_id, member), await ctx.engine.cleanup.plan(run_id, member)
         run = await ctx.store.get_run(run_id)
-        retry = again or run.cleanup_status in ("incomplete", "complete", "not_required")
+        retry = again or verify or run.cleanup_status != CleanupStatus.PENDING.value
         actor = os.environ.get("USER", "cli")
-        report = await ctx.engine.clean_up(run_id, actor=actor, member_key=member, again=retry)
-        if verify:
-            verified = await ctx.engine.cleanup.verify(run_id, actor=actor)
-        return report
+        return await ctx.engine.clean_up(run_id, actor=actor, member_key=member, again=retry, confirm=confirm)
 
     result = in_context(database_url, config, work, as_json=as_json)
     if plan:
+        preview, calls = result
         if as_json:
-            print_json([asdict(c) for c in result])
+            print_json({"summary": [asdict(g) for g in preview], "calls": [asdict(c) for c in calls]})
             return
-        table = Table("call", "step", "action", "key", "resources", title=f"cleanup plan for run {run_id}")
-        for c in result:
+        if not calls:
+            console.print(f"run {run_id}: nothing to clean up")
+            return
+        console.print(preview_table(preview, title=f"what cleanup would take down for run {run_id}"))
+        for g in preview:
+            if g.over_cap:
+                console.print(
+                    line(("held", "yellow"), f" {g.module} has more than its cap of {g.cap}: `--confirm` to go ahead")
+                )
+                break
+        table = Table("call", "step", "action", "key", "resources", title="its calls, in order")
+        for c in calls[:PLAN_CALLS]:
             refs = ", ".join(f"{r['kind']} {r['ref']}" for r in c.resources[:4])
             more = f" +{len(c.resources) - 4}" if len(c.resources) > 4 else ""
             table.add_row(
@@ -70,10 +83,12 @@ def cleanup(
                 c.idempotency_key,
                 (refs + more) or Text("(whatever this key made)", style="dim"),
             )
-        console.print(table if result else f"run {run_id}: nothing to clean up")
+        console.print(table)
+        if len(calls) > PLAN_CALLS:
+            console.print(f"… and {len(calls) - PLAN_CALLS} more calls (--json lists them all)")
         return
     if as_json:
-        print_json({**result.as_dict(), "verify": verified.as_dict() if verified else None})
+        print_json(result.as_dict())
     else:
         console.print(
             line(
@@ -87,20 +102,71 @@ def cleanup(
             console.print(line("  ", ("✗", "red"), f" resource {e['resource']} ({e['step']}): {e['error']}"))
         for f in result.forgotten:
             console.print(line("  ", ("forgotten", "magenta"), f" {f['kind']} {f['ref']}: {f['why']}"))
-        if verified is not None:
-            v = verified
-            console.print(
-                f"run {run_id} verified {v.verified}: {v.came_back} came back, {v.redone} reverted again, "
-                f"{v.foreign} reused by others (left alone), {v.failed} failed, {v.unverifiable} unverifiable",
-            )
-            for r in v.resources:
-                console.print(line("  ", ("↺", "yellow"), f" {r['kind']} {r['ref']} ({r['step']}) came back"))
-            for e in v.errors:
-                console.print(line("  ", ("✗", "red"), f" {e['step']}: {e['error']}"))
-            if v.modules_without_inspect:
-                console.print(f"  not inspectable: {', '.join(v.modules_without_inspect)}")
-    if result.status != "complete" or (verified is not None and verified.failed):
+        for module, over in result.over_cap.items():
+            mark = ("confirmed", "green") if result.status != "held" else ("held", "yellow")
+            console.print(line("  ", mark, f" {module}: {over['count']} to revert, over its cap of {over['cap']}"))
+        if result.status == "held":
+            console.print(f"  nothing was reverted: see `roadie cleanup {run_id} --plan`, then add --confirm")
+        for text in verdict_lines(result.verification) + late_lines(result.late):
+            console.print(text)
+    if result.status != "complete":
         raise typer.Exit(1)
+
+
+PLAN_CALLS = 50  # calls a plan lists as text; --json lists every one
+
+
+def preview_table(groups: list[PreviewGroup], *, title: str) -> Table:
+    """Counts per module and kind, and the newest few of each in the world's words."""
+    table = Table("module", "kind", "count", "newest", "cap", title=title)
+    for g in groups:
+        cap = "" if g.cap is None else (Text(f"over {g.cap}", style="yellow") if g.over_cap else str(g.cap))
+        table.add_row(g.module, g.kind, str(g.count), "; ".join(g.newest), cap)
+    return table
+
+
+def late_lines(entries: list[dict[str, Any]]) -> list[Text]:
+    """What came long after its moment because no worker was alive then."""
+    return [
+        line("  ", ("late", "yellow"), f" {e['what']}: {e['late_s']:.0f} s after it was due ({e['due']})")
+        for e in entries
+    ]
+
+
+VERDICT_STYLE = {"verified_clean": "green", "partially_rolled_back": "red", "unverified": "yellow"}
+FINDING_MARK = {
+    "came_back": ("↺ came back", "yellow"),
+    "still_there": ("↺ still there", "yellow"),
+    "not_inspected": ("? not inspected", "red"),
+    "unverifiable": ("? unverifiable", "yellow"),
+    "foreign": ("· not the run's", "dim"),
+    "changed": ("· changed since", "dim"),
+}
+
+
+def verdict_lines(found: dict[str, Any]) -> list[Text]:
+    """A cleanup's verdict as a person reads it: the verdict, its counts, then each finding."""
+    if not found:
+        return []
+    verdict = str(found["verdict"])
+    counts = [
+        f"{found[k]} {k.replace('_', ' ')}"
+        for k in ("came_back", "still_there", "not_inspected", "unverifiable", "foreign", "changed")
+        if found.get(k)
+    ]
+    head = f": {found['inspected']} read back, {found['gone']} gone" + "".join(f", {c}" for c in counts)
+    lines = [line("verdict ", (verdict.replace("_", " "), VERDICT_STYLE.get(verdict, "")), head)]
+    if verdict == "partially_rolled_back" and (found.get("came_back") or found.get("still_there")):
+        lines.append(line("  what came back was reverted again; the next cleanup round reads it back"))
+    if found.get("modules_without_inspect"):
+        lines.append(line(f"  cannot inspect: {', '.join(found['modules_without_inspect'])}"))
+    for f in found.get("findings", []):
+        mark = FINDING_MARK.get(f["finding"], (f["finding"], ""))
+        detail = f": {f['detail']}" if f.get("detail") else ""
+        lines.append(line("  ", mark, f" {f['kind']} {f['ref']} (resource {f['resource']}, {f['step']}){detail}"))
+    if len(found.get("findings", [])) >= LISTED:
+        lines.append(line(f"  … only the first {LISTED} are named; the counts above are of all"))
+    return lines
 
 
 def forget(

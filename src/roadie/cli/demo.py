@@ -63,7 +63,9 @@ async def run_demo(ctx: Context, console: Console) -> bool:
         "demo",
         ctx.engine.clock.now(),
     )
-    console.rule(Text.assemble((definition.title, "bold"), f" — event {definition.id!r} v{event.version}"))
+    title = Text.assemble((definition.title, "bold"), f" — event {definition.id!r} v{event.version}")
+    # A rule spans the console's width, which is unbounded when piped: there, a plain line.
+    console.rule(title) if console.is_terminal else console.print(title)
     console.print(f"database {redacted(ctx.settings.database_url)}; sandbox world {world.path}")
     before = world.snapshot()
 
@@ -99,6 +101,7 @@ async def run_demo(ctx: Context, console: Console) -> bool:
     steps = await ctx.store.list_steps(run.id)
     retried = [s for s in steps if s.attempts > 1]
     resources = await ctx.store.list_resources(run.id)
+    verdict = str((ended.cleanup_report or {}).get("verdict", "")).replace("_", " ")
     console.print(
         Text.assemble(
             f"run {ended.id} ",
@@ -107,6 +110,7 @@ async def run_demo(ctx: Context, console: Console) -> bool:
             f"({', '.join(f'{s.name}: {s.attempts} attempts' for s in retried) or 'none'}); "
             f"{sum(1 for r in resources if r.kind not in ('@step',))} ledger rows; cleanup ",
             (ended.cleanup_status, "bold"),
+            f", {verdict}" if verdict else "",
         )
     )
     after = world.snapshot()

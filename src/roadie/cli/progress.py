@@ -83,9 +83,10 @@ class RunProgress:
             return
         task = self._cleanup.get(run_id)
         report = data.get("report", {})
+        verdict = str(report.get("verdict") or "").replace("_", " ")
         note = (
             f"{report.get('reverted', 0)} reverted, {report.get('restored', 0)} restored, "
-            f"{report.get('failed', 0)} failed — {data['status']}"
+            f"{report.get('failed', 0)} failed — {data['status']}" + (f", {verdict}" if verdict else "")
         )
         if task is not None:
             self.progress.update(task, completed=1, note=note)

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from roadie.cli.cleanup import late_lines, verdict_lines
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -268,7 +269,17 @@ def run_show(
         )
     console.print(ledger)
     if run.cleanup_report:
-        console.print(f"cleanup report {json.dumps(run.cleanup_report)}")
+        rep = run.cleanup_report
+        console.print(
+            line(
+                "last cleanup ",
+                styled(str(rep.get("status", ""))),
+                f": {rep.get('reverted', 0)} reverted, {rep.get('restored', 0)} restored, "
+                f"{rep.get('failed', 0)} failed in {rep.get('calls', 0)} calls",
+            )
+        )
+        for text in verdict_lines(rep.get("verification") or {}) + late_lines(rep.get("late") or []):
+            console.print(text)
 
 
 @run_app.command("cancel")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +31,10 @@ class EngineOptions:
     poll_interval: float = 1.0
     seed: int | None = None
     cleanups: int = 4  # automatic cleanups a worker runs at once, beside its drain
+    # A cleanup with more than this many rows to revert for one module waits for a person
+    # to confirm it (`roadie cleanup RUN --confirm`); None: no cap. Per module: `cleanup_caps`.
+    cleanup_cap: int | None = None
+    cleanup_caps: dict[str, int] = field(default_factory=dict)
     # Render a new run's templates in a thread, so the loop (a web server's, a worker's)
     # goes on meanwhile. The simulation turns it off: it must see every moment a task
     # yields, and a thread ends when it will.

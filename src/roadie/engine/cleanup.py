@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -21,12 +21,21 @@ import structlog
 
 from roadie.clock import Clock
 from roadie.engine import leases
+from roadie.engine.verify import LATE_AFTER, Verifier, late
 from roadie.errors import ClaimLost, InvalidState, RoadieError, StoreError, UnknownAction
-from roadie.registry import InspectCall, Inspected, Registry, Resource, RevertCall, RevertFailure
+from roadie.registry import Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
-from roadie.states import OVERRIDE_KIND, STEP_KIND, ResourceState, RunStatus
+from roadie.states import (
+    OVERRIDE_KIND,
+    STEP_KIND,
+    CleanupPolicy,
+    CleanupStatus,
+    ResourceState,
+    RunStatus,
+    Verdict,
+)
 from roadie.store import CleanupClaim, Store, mint_token
-from roadie.store.rows import ResourceRow, StepRow
+from roadie.store.rows import ResourceRow, RunRow, StepRow
 
 log = structlog.get_logger(__name__)
 PAGE_ROWS = 500  # live rows read at a time, with the older rows of the steps they start
@@ -47,12 +56,44 @@ class PlannedCall:
 
 
 @dataclass
+class PreviewGroup:
+    """One module's resources of one kind that cleanup would take down."""
+
+    module: str
+    kind: str
+    count: int
+    newest: list[str]  # the newest few, in the world's words
+    cap: int | None
+    over_cap: bool  # the module's count (all its kinds) is over its cap: a person confirms
+
+
+def describe(kind: str, ref: str, payload: Any) -> str:
+    """A ledger row in the world's words, from what its module said of it: its `label` or
+    `name` when it gave one, else what it is and where (`orc in britain`), else its kind."""
+    if kind == OVERRIDE_KIND:
+        saved = payload.get("saved") if isinstance(payload, dict) else None
+        return f"{ref}, back to {saved!r}" if isinstance(payload, dict) and "saved" in payload else ref
+    if kind == STEP_KIND:
+        return "whatever its key made (its answer never arrived)"
+    if isinstance(payload, dict):
+        label = payload.get("label") or payload.get("name")
+        if isinstance(label, str) and label:
+            return f"{label} ({kind} {ref})"
+        what = next((payload[k] for k in ("kind", "type", "species") if isinstance(payload.get(k), str)), None)
+        where = next((payload[k] for k in ("region", "zone", "map", "world") if isinstance(payload.get(k), str)), None)
+        if what:
+            return f"{what}{f' in {where}' if where else ''} ({kind} {ref})"
+    return f"{kind} {ref}"
+
+
+@dataclass
 class _Marks:
     """What a cleanup's calls did and the store has not been told yet, and when it last was."""
 
     written: datetime
     reverted: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
+    this_round: set[int] = field(default_factory=set)  # every row this cleanup reverted
 
 
 @dataclass
@@ -65,6 +106,10 @@ class CleanupReport:
     restored: int = 0
     failed: int = 0
     held: int = 0  # lease rows another restorer (the expiry sweeper) was giving back
+    verdict: str = ""  # a Verdict, once the world was read back
+    verification: dict[str, Any] = field(default_factory=dict)  # Verification.as_dict()
+    late: list[dict[str, Any]] = field(default_factory=list)  # the run's end, its cleanup, leases: how late
+    over_cap: dict[str, Any] = field(default_factory=dict)  # by module: more to revert than its cap
     errors: list[dict[str, Any]] = field(default_factory=list)
     forgotten: list[dict[str, Any]] = field(default_factory=list)
 
@@ -72,31 +117,17 @@ class CleanupReport:
         return asdict(self)
 
 
-@dataclass
-class VerifyReport:
-    """What `verify` asked, what had come back into the world, and what it reverted again."""
-
-    run_id: int
-    verified: int = 0  # resources a module was asked about
-    came_back: int = 0  # of those, still there and still the run's
-    redone: int = 0  # reverted again
-    foreign: int = 0  # there, but carrying another key's tag: left alone
-    failed: int = 0
-    unverifiable: int = 0
-    modules_without_inspect: list[str] = field(default_factory=list)
-    resources: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _inspected(answer: Any) -> tuple[bool, bool]:
-    if isinstance(answer, Inspected):
-        return answer.exists, answer.ours
-    if isinstance(answer, dict) and isinstance(answer.get("exists"), bool):
-        return answer["exists"], bool(answer.get("ours", False)) and answer["exists"]
-    raise InvalidState(f"not an inspect answer: {answer!r:.80}")
+def _late(run: RunRow, now: datetime) -> list[dict[str, Any]]:
+    """How late the run's end and this cleanup came, when no worker was alive to do them on
+    time: an end past its duration, or a cleanup long after the end (automatic ones)."""
+    found: list[dict[str, Any]] = []
+    ends, ended = run.ends_at, run.ended_at
+    if ends is not None and ended is not None and (ended - ends).total_seconds() > LATE_AFTER:
+        found.append(late("run end", ends, ended))
+    automatic = run.cleanup_policy == CleanupPolicy.AUTO.value and run.cleanup_status == CleanupStatus.PENDING.value
+    if automatic and run.ended_at is not None and (now - run.ended_at).total_seconds() > LATE_AFTER:
+        found.append(late("cleanup", run.ended_at, now))
+    return found
 
 
 class Cleanup:
@@ -116,6 +147,8 @@ class Cleanup:
         *,
         incarnation: str | None = None,
         call_timeout: float | None = None,
+        cap: int | None = None,
+        caps: dict[str, int] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -124,6 +157,8 @@ class Cleanup:
         self.claim_ttl = claim_ttl
         self.incarnation = incarnation or secrets.token_hex(6)
         self.call_timeout = call_timeout if call_timeout is not None else claim_ttl / 3
+        self.cap = cap  # rows one module may have reverted by one cleanup unconfirmed; None: any
+        self.caps = dict(caps or {})  # the same, per module
 
     async def _pages(
         self, run_id: int, member_key: str | None
@@ -214,13 +249,54 @@ class Cleanup:
                 planned.extend(self._calls_for(steps.get(step_id) if step_id else None, rows))
         return planned
 
+    async def preview(self, run_id: int, member_key: str | None = None, newest: int = 3) -> list[PreviewGroup]:
+        """What cleanup would take down, by module and kind, in the world's words: how many,
+        the newest few, and whether the module's cap would hold the cleanup for a person."""
+        await self.store.get_run(run_id)
+        groups = await self.store.live_summary(run_id, member_key=member_key, newest=newest)
+        totals: dict[str, int] = defaultdict(int)
+        for g in groups:
+            totals[g.owner] += g.count
+        return [
+            PreviewGroup(
+                module=g.owner,
+                kind=g.kind,
+                count=g.count,
+                newest=[describe(r.kind, r.ref, r.payload) for r in g.newest],
+                cap=self._cap(g.owner),
+                over_cap=self._over(g.owner, totals[g.owner]),
+            )
+            for g in groups
+        ]
+
+    def _cap(self, module: str) -> int | None:
+        return self.caps.get(module, self.cap)
+
+    def _over(self, module: str, count: int) -> bool:
+        cap = self._cap(module)
+        return cap is not None and count > cap
+
+    async def _over_caps(self, run_id: int, member_key: str | None) -> dict[str, Any]:
+        totals: dict[str, int] = defaultdict(int)
+        for g in await self.store.live_summary(run_id, member_key=member_key, newest=0):
+            totals[g.owner] += g.count
+        return {m: {"count": n, "cap": self._cap(m)} for m, n in sorted(totals.items()) if self._over(m, n)}
+
     async def run(
-        self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
+        self,
+        run_id: int,
+        *,
+        actor: str = "system",
+        member_key: str | None = None,
+        again: bool = False,
+        confirm: bool = False,
     ) -> CleanupReport:
         """Revert every live resource of a run (or of one member), newest first.
 
         A full cleanup needs the run to have ended: cancelling is how a run in flight is
         stopped, and its cleanup follows. `again` is a human's retry after `incomplete`.
+        A module with more to revert than its cap holds the cleanup (`held`) until a
+        person runs it with `confirm`, which is audited with the counts.
         """
         run = await self.store.get_run(run_id)
         if member_key is None and not RunStatus(run.status).terminal:
@@ -231,16 +307,35 @@ class Cleanup:
         ):
             raise InvalidState(f"run {run_id}'s cleanup is under way elsewhere, or not pending")
         await self.store.freshen_ledger_statistics(run_id)
-        report = CleanupReport(run_id=run_id, status="", member_key=member_key)
+        report = CleanupReport(run_id=run_id, status="", member_key=member_key, late=_late(run, self.clock.now()))
+        over = await self._over_caps(run_id, member_key) if self.cap is not None or self.caps else {}
+        if over and not confirm:
+            report.over_cap = over
+            status = await self.store.finish_cleanup(
+                claim, report.as_dict(), actor, self.clock.now(), member_key=member_key, held=True
+            )
+            report.status = status.value
+            log.warning("cleanup held for a person to confirm", run_id=run_id, over_cap=over)
+            return report
+        if over:
+            report.over_cap = over
+            await self.store.confirm_cleanup(claim, actor, over, self.clock.now())
         marks = _Marks(written=self.clock.now())
-        async for steps, groups in self._pages(run_id, member_key):
-            for step_id, rows in groups:
-                step = steps.get(step_id) if step_id else None
-                for call in self._calls_for(step, rows):
-                    await self._carry_out(claim, step, call, rows, report, marks)
-                    if (self.clock.now() - marks.written).total_seconds() >= self.claim_ttl / 3:
-                        await self._record(claim, marks)  # the claim is pushed on before it runs out
-            await self._record(claim, marks)
+        await self._revert_live(claim, member_key, report, marks)
+        # Proof of undo: the world is read back, and what came back is reverted again
+        # (its proof is the next round's, which the verdict makes due).
+        keep = self._keeper(claim, marks)
+        verifier = Verifier(
+            self.store, self.registry, self.clock, claim, call_timeout=self.call_timeout, keep_claim=keep
+        )
+        found, reopened = await verifier.run(member_key, marks.this_round)
+        if reopened:
+            await self._revert_live(claim, member_key, report, marks, only=set(reopened))
+        report.verdict = found.verdict.value
+        report.verification = found.as_dict()
+        report.late.extend(found.late)
+        for entry in report.late:
+            log.warning("teardown came late", run_id=run_id, what=entry["what"], late_s=entry["late_s"])
         report.forgotten = [
             {"resource": r.id, "kind": r.kind, "ref": r.ref, "why": r.error}
             for r in await self.store.list_resources(run_id, state=ResourceState.ABANDONED)
@@ -248,18 +343,57 @@ class Cleanup:
         # Judged by the database in the transaction that releases the claim, counting what
         # is still live there: a run of a hundred thousand rows is not read back whole.
         status = await self.store.finish_cleanup(
-            claim, report.as_dict(), actor, self.clock.now(), member_key=member_key
+            claim,
+            report.as_dict(),
+            actor,
+            self.clock.now(),
+            member_key=member_key,
+            rolled_back=found.verdict is Verdict.PARTIALLY_ROLLED_BACK,
         )
         report.status = status.value
         log.info(
             "cleanup finished",
             run_id=run_id,
             status=report.status,
+            verdict=report.verdict,
             reverted=report.reverted,
             restored=report.restored,
             failed=report.failed,
         )
         return report
+
+    async def _revert_live(
+        self,
+        claim: CleanupClaim,
+        member_key: str | None,
+        report: CleanupReport,
+        marks: _Marks,
+        *,
+        only: set[int] | None = None,
+    ) -> None:
+        """One pass over the live rows (or those of them in `only`), newest first, each
+        page recorded as it ends."""
+        keep = self._keeper(claim, marks)
+        async for steps, groups in self._pages(claim.run_id, member_key):
+            for step_id, all_rows in groups:
+                rows = all_rows if only is None else [r for r in all_rows if r.id in only]
+                if not rows:
+                    continue
+                step = steps.get(step_id) if step_id else None
+                for call in self._calls_for(step, rows):
+                    await self._carry_out(claim, step, call, rows, report, marks)
+                    await keep()
+            await self._record(claim, marks)
+
+    def _keeper(self, claim: CleanupClaim, marks: _Marks) -> Callable[[], Awaitable[None]]:
+        """What is awaited between calls: the claim is pushed on (with what `marks` holds)
+        once a third of its lifetime has passed since the last write."""
+
+        async def keep() -> None:
+            if (self.clock.now() - marks.written).total_seconds() >= self.claim_ttl / 3:
+                await self._record(claim, marks)
+
+        return keep
 
     async def _carry_out(
         self,
@@ -319,6 +453,7 @@ class Cleanup:
         now = self.clock.now()
         if marks.reverted or marks.failed:
             await self.store.mark_reverted(claim, marks.reverted, now, failures=marks.failed)
+            marks.this_round.update(marks.reverted)
         else:
             await self.store.extend_cleanup_claim(claim, now)
         marks.reverted, marks.failed, marks.written = [], {}, now
@@ -347,95 +482,6 @@ class Cleanup:
         if isinstance(answer, list) and all(isinstance(f, RevertFailure) for f in answer):
             return answer
         raise InvalidState(f"{action.id}'s revert answered something that is not a list of failures: {answer!r:.80}")
-
-    async def verify(self, run_id: int, *, actor: str = "system") -> VerifyReport:
-        """Ask each module whether what the run's cleanup reverted is really gone, and revert
-        again whatever came back (a world that rolled back after its own crash).
-
-        Only a resource that exists *and* still carries its step's tag came back: an id
-        reused by something else is not the run's to remove. A module that does not answer
-        `inspect` cannot be verified, and the report says so.
-        """
-        await self.store.get_run(run_id)
-        report = VerifyReport(run_id=run_id)
-        after = 0
-        while True:
-            rows = await self.store.reverted_rows(run_id, after=after, limit=PAGE_ROWS)
-            if not rows:
-                break
-            after = rows[-1].id
-            by_step: dict[int | None, list[ResourceRow]] = defaultdict(list)
-            for row in rows:
-                by_step[row.step_id].append(row)
-            steps = {s.id: s for s in await self.store.steps_by_ids([i for i in by_step if i is not None])}
-            for step_id, group in by_step.items():
-                step = steps.get(step_id) if step_id is not None else None
-                await self._verify_step(run_id, step, group, report)
-        await self.store.record_verification(run_id, report.as_dict(), actor, self.clock.now())
-        log.info("verified", run_id=run_id, verified=report.verified, came_back=report.came_back, redone=report.redone)
-        return report
-
-    async def _verify_step(
-        self, run_id: int, step: StepRow | None, rows: list[ResourceRow], report: VerifyReport
-    ) -> None:
-        try:
-            if step is None:
-                raise InvalidState("the rows name no step")
-            action = self.registry.action(step.action)
-        except (RoadieError, UnknownAction) as exc:
-            report.unverifiable += len(rows)
-            report.errors.append({"step": step.name if step else None, "error": exc.message})
-            return
-        module = action.module
-        if module.inspect_fn is None:
-            report.unverifiable += len(rows)
-            report.modules_without_inspect = sorted({*report.modules_without_inspect, module.name})
-            return
-        resources = [Resource(r.kind, r.ref, r.payload, r.member_key) for r in rows]
-        state = self.registry.state(module.name)
-        try:
-            answer = await maybe_await(
-                module.inspect_fn(
-                    InspectCall(run_id, step.idempotency_key, resources, state, self.clock, action=action.name)
-                )
-            )
-            found = [_inspected(a) for a in answer]
-            if len(found) != len(rows):
-                raise InvalidState(f"{module.name} inspect answered {len(found)} results for {len(rows)} resources")
-        except Exception as exc:
-            message = exc.message if isinstance(exc, RoadieError) else f"{type(exc).__name__}: {exc}"
-            report.failed += len(rows)
-            report.errors.append({"step": step.name, "error": f"inspect failed: {message}"})
-            return
-        report.verified += len(rows)
-        back = [r for r, (exists, ours) in zip(rows, found, strict=True) if exists and ours]
-        report.foreign += sum(1 for exists, ours in found if exists and not ours)
-        if not back:
-            return
-        report.came_back += len(back)
-        report.resources.extend({"resource": r.id, "step": step.name, "kind": r.kind, "ref": r.ref} for r in back)
-        assert action.revert_fn is not None
-        try:
-            failures = await maybe_await(
-                action.revert_fn(
-                    RevertCall(
-                        run_id=run_id,
-                        idempotency_key=step.idempotency_key,
-                        resources=[Resource(r.kind, r.ref, r.payload, r.member_key) for r in back],
-                        state=state,
-                        clock=self.clock,
-                    )
-                )
-            )
-        except Exception as exc:
-            message = exc.message if isinstance(exc, RoadieError) else f"{type(exc).__name__}: {exc}"
-            report.failed += len(back)
-            report.errors.append({"step": step.name, "error": f"revert failed: {message}"})
-            return
-        failed = len(failures or [])
-        report.redone += len(back) - failed
-        report.failed += failed
-        report.errors.extend({"step": step.name, "error": f"{f.kind} {f.ref}: {f.message}"} for f in failures or [])
 
     async def forget(self, resource_id: int, *, actor: str, reason: str) -> ResourceRow:
         """An admin gives up on a resource that can never be reverted. Audited; kept as `abandoned`."""

@@ -37,7 +37,7 @@ from roadie.errors import (
     StoreError,
 )
 from roadie.registry import Registry
-from roadie.states import CleanupPolicy, CleanupStatus, RunStatus
+from roadie.states import RunStatus, awaits_auto_cleanup
 from roadie.store import Store
 from roadie.store.rows import EventRow, RunRow
 
@@ -66,7 +66,14 @@ class Engine(Drain):
         # engines under one id (a web service beside its worker) are still two owners.
         self.incarnation = secrets.token_hex(6)
         self.cleanup = Cleanup(
-            store, registry, self.clock, self.worker_id, self.options.claim_ttl * 5, incarnation=self.incarnation
+            store,
+            registry,
+            self.clock,
+            self.worker_id,
+            self.options.claim_ttl * 5,
+            incarnation=self.incarnation,
+            cap=self.options.cleanup_cap,
+            caps=self.options.cleanup_caps,
         )
         self.observer: Observer = observer or (lambda kind, data: None)
         self._stopping = asyncio.Event()
@@ -154,6 +161,28 @@ class Engine(Drain):
             self._sending = asyncio.create_task(self._send_notifications(self.notifier))
         return await self._next_due()
 
+    async def catch_up(self) -> None:
+        """Take down what fell due while no worker was alive, before starting anything new:
+        leases past their `until` are given back, runs past their end are ended, and every
+        cleanup that is due is done (awaited), each report saying how late it came. Only
+        then does the worker create scheduled runs and dispatch steps."""
+        try:
+            await self.store.requeue_expired_claims(self.clock.now())
+            await leases.sweep_expired(
+                self.store, self.registry, self.clock, self.options.claim_ttl, incarnation=self.incarnation
+            )
+            await self._advance()
+            for run_id in await self.store.runs_due_cleanup(self.clock.now()):
+                if self._stopping.is_set():
+                    break
+                if run_id not in self._cleanups:
+                    self._cleanups[run_id] = asyncio.create_task(self._auto_cleanup(run_id))
+                if len(self._cleanups) >= self.options.cleanups:
+                    await self.cleanups_done()
+            await self.cleanups_done()
+        except StoreError as exc:  # the loop's first tick tries again
+            log.warning("catching up failed", error=exc.message)
+
     async def _send_notifications(self, notifier: Notifier) -> None:
         """Webhooks, as a task beside the drain: a slow receiver holds up no step."""
         try:
@@ -201,10 +230,16 @@ class Engine(Drain):
             await self.notifier.close()
 
     async def clean_up(
-        self, run_id: int, *, actor: str = "system", member_key: str | None = None, again: bool = False
+        self,
+        run_id: int,
+        *,
+        actor: str = "system",
+        member_key: str | None = None,
+        again: bool = False,
+        confirm: bool = False,
     ) -> CleanupReport:
         self._tell("cleanup", {"run_id": run_id, "status": "started"})
-        report = await self.cleanup.run(run_id, actor=actor, member_key=member_key, again=again)
+        report = await self.cleanup.run(run_id, actor=actor, member_key=member_key, again=again, confirm=confirm)
         self._tell("cleanup", {"run_id": run_id, "status": report.status, "report": report.as_dict()})
         return report
 
@@ -236,6 +271,7 @@ class Engine(Drain):
         self._heart = asyncio.create_task(self._beat_forever())
         log.info("worker started", worker=self.worker_id)
         try:
+            await self.catch_up()
             await self._work_forever()
             await self.cleanups_done()
             await self.notifications_sent()
@@ -312,5 +348,4 @@ def settled(run: RunRow) -> bool:
     someone asks."""
     if not RunStatus(run.status).terminal:
         return False
-    awaiting_cleanup = run.cleanup_status == CleanupStatus.PENDING.value
-    return not (run.cleanup_policy == CleanupPolicy.AUTO.value and awaiting_cleanup)
+    return not awaits_auto_cleanup(run.cleanup_policy, run.cleanup_status, run.cleanup_attempts)

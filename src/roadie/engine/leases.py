@@ -43,7 +43,7 @@ def _resolve(registry: Registry, ref: str) -> tuple[Lease, str | None]:
     return found
 
 
-def _call(
+def lease_call(
     registry: Registry, lease: Lease, target: str | None, clock: Clock, *, key: str | None, run_id: int | None
 ) -> LeaseCall:
     return LeaseCall(
@@ -67,7 +67,7 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     assert step.lease_ref is not None
     lease, target = _resolve(registry, step.lease_ref)
     row = await store.get_resource(reserved_id)
-    call = _call(registry, lease, target, clock, key=step.idempotency_key, run_id=step.run_id)
+    call = lease_call(registry, lease, target, clock, key=step.idempotency_key, run_id=step.run_id)
     if isinstance(row.payload, dict) and "saved" in row.payload:
         saved = row.payload["saved"]
     else:
@@ -98,7 +98,7 @@ async def restore(registry: Registry, clock: Clock, row: ResourceRow) -> None:
     lease, target = _resolve(registry, row.ref)
     give_back = lease.restore_fn or lease.write_fn
     assert give_back is not None
-    call = _call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
+    call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
     await maybe_await(give_back(call, row.payload["saved"]))
 
 

@@ -39,7 +39,16 @@ BACKOFF = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
 RETRYABLE = {408, 409, 425, 429}
 BATCH = 10
 
-Kind = Literal["run.started", "run.succeeded", "run.failed", "run.cancelled", "cleanup.complete", "cleanup.incomplete"]
+Kind = Literal[
+    "run.started",
+    "run.succeeded",
+    "run.failed",
+    "run.cancelled",
+    "cleanup.complete",
+    "cleanup.incomplete",
+    "cleanup.rolled_back",
+    "cleanup.held",
+]
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)
 
 
@@ -215,7 +224,16 @@ def describe(kind: str, data: dict[str, Any], dashboard_url: str | None = None) 
         "run.failed": f"❌ {run} failed: {data.get('error') or 'a step failed'}.",
         "run.cancelled": f"⏹ {run} was cancelled.",
         "cleanup.complete": (
-            f"🧹 {run} is cleaned up: {report.get('reverted', 0)} reverted, {report.get('restored', 0)} restored."
+            f"🧹 {run} is cleaned up: {report.get('reverted', 0)} reverted, {report.get('restored', 0)} restored"
+            + (", verified clean." if report.get("verdict") == "verified_clean" else ".")
+        ),
+        "cleanup.held": (
+            f"✋ {run}: cleanup is held, more to revert than a module's cap allows. "
+            f"`roadie cleanup {data.get('run')} --plan` shows it; `--confirm` runs it."
+        ),
+        "cleanup.rolled_back": (
+            f"↺ {run}: the world was found partially rolled back; what came back was reverted again, "
+            "and the next cleanup round checks it."
         ),
         "cleanup.incomplete": (
             f"⚠ {run}: cleanup is incomplete, {report.get('failed', 0)} left in the world. "

@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    and_,
     bindparam,
     func,
     or_,
@@ -16,12 +17,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
 from roadie.states import (
+    AUTO_CLEANUP_ROUNDS,
+    CLEANUP_DUE,
+    CleanupPolicy,
     CleanupStatus,
     ResourceState,
     RunStatus,
 )
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
+from roadie.store.ledger import live_holders
 from roadie.store.notify import notify_cleanup
 from roadie.store.records import CleanupClaim
 from roadie.store.tables import (
@@ -32,18 +37,64 @@ from roadie.store.tables import (
 
 
 class CleanupQueries(Connector):
-    async def record_verification(self, run_id: int, verification: dict[str, Any], actor: str, now: datetime) -> None:
-        """Add what a verification found and redid to the run's cleanup report, and audit it."""
+    async def confirm_cleanup(self, claim: CleanupClaim, actor: str, over: dict[str, Any], now: datetime) -> None:
+        """A person confirmed a cleanup that is over a module's cap (`over`: by module, how
+        many and the cap): audited under the cleanup's claim before anything is reverted.
+        Raises `ClaimLost`, writing nothing, when the claim is gone."""
 
         async def work(conn: AsyncConnection) -> None:
-            row = (await conn.execute(select(runs.c.cleanup_report).where(runs.c.id == run_id))).first()
-            report = dict(row.cleanup_report or {}) if row is not None else {}
-            report["verify"] = verification
-            await conn.execute(update(runs).where(runs.c.id == run_id).values(cleanup_report=report))
-            summary = {k: verification[k] for k in ("verified", "came_back", "redone", "failed") if k in verification}
-            await record_audit(conn, now, actor, "verify", f"run:{run_id}", summary)
+            await fence_cleanup(conn, claim, now)
+            await record_audit(conn, now, actor, "cleanup.confirm", f"run:{claim.run_id}", {"over_cap": over})
 
-        await self._write("record_verification", work)
+        await self._write("confirm_cleanup", work)
+
+    async def reopen_resources(self, claim: CleanupClaim, ids: list[int], why: str, now: datetime) -> list[int]:
+        """Rows the world brought back after they were reverted are live again, with `why`
+        as their note, so that the ledger says what the world holds and cleanup reverts
+        them again; answer the ids reopened. A row whose target another row holds now
+        (another run borrowed the setting, or owns the reused id) stays reverted: the
+        world's value there is not this run's.
+
+        Claim: the run's cleanup. Raises `ClaimLost`, writing nothing, when it is gone.
+        """
+        if not ids:
+            return []
+
+        async def work(conn: AsyncConnection) -> list[int]:
+            await fence_cleanup(conn, claim, now)
+            reopened: list[int] = []
+            for chunk in chunks(ids):
+                rows = (
+                    await conn.execute(
+                        select(run_resources.c.id, run_resources.c.owner, run_resources.c.kind, run_resources.c.ref)
+                        .where(
+                            run_resources.c.id.in_(list(chunk)),
+                            run_resources.c.run_id == claim.run_id,
+                            run_resources.c.state == ResourceState.REVERTED.value,
+                        )
+                        .with_for_update()
+                    )
+                ).all()
+                held = await live_holders(conn, [(r.owner, r.kind, r.ref) for r in rows])
+                free = [r.id for r in rows if (r.owner, r.kind, r.ref) not in held]
+                if free:
+                    await conn.execute(
+                        update(run_resources)
+                        .where(run_resources.c.id.in_(free), run_resources.c.state == ResourceState.REVERTED.value)
+                        .values(
+                            state=ResourceState.LIVE.value,
+                            reverted_at=None,
+                            updated_at=now,
+                            error=why[:2000],
+                            claim_token=None,
+                            claim_expires=None,
+                        )
+                    )
+                reopened.extend(free)
+            return reopened
+
+        result: list[int] = await self._write("reopen_resources", work)
+        return result
 
     async def mark_reverted(
         self, claim: CleanupClaim, ids: list[int], now: datetime, *, failures: dict[int, str] | None = None
@@ -94,10 +145,13 @@ class CleanupQueries(Connector):
     ) -> bool:
         """Take a run's cleanup under `claim.token`, so one owner does it. `again` is a
         human's retry: it may move `complete`/`incomplete` back to `pending` (the only path
-        that does). A `scoped` cleanup (one member) leaves the status alone.
+        that does), and counts the attempts from 1 again, so that the workers give a run it
+        finds rolled back its AUTO_CLEANUP_ROUNDS again. A `scoped` cleanup (one member) leaves the status alone.
 
-        A claim that is held is refused whoever asks, its own worker too: a staff click
-        and the worker beside it in one process are two owners, not one.
+        `rolled_back` is due again as `pending` is: what came back was reverted, and
+        the next round proves it. A claim that is held is refused whoever asks, its own
+        worker too: a staff click and the worker beside it in one process are two owners,
+        not one.
         """
 
         async def work(conn: AsyncConnection) -> bool:
@@ -116,8 +170,9 @@ class CleanupQueries(Connector):
                 pass
             elif again:
                 values["cleanup_status"] = CleanupStatus.PENDING.value
+                values["cleanup_attempts"] = 1  # a human's retry begins the rounds anew
             else:
-                condition.append(runs.c.cleanup_status == CleanupStatus.PENDING.value)
+                condition.append(runs.c.cleanup_status.in_(sorted(CLEANUP_DUE)))
             changed = await conn.execute(update(runs).where(*condition).values(**values))
             return bool(changed.rowcount)
 
@@ -134,13 +189,24 @@ class CleanupQueries(Connector):
         await self._write("extend_cleanup_claim", work)
 
     async def finish_cleanup(
-        self, claim: CleanupClaim, report: dict[str, Any], actor: str, now: datetime, *, member_key: str | None = None
+        self,
+        claim: CleanupClaim,
+        report: dict[str, Any],
+        actor: str,
+        now: datetime,
+        *,
+        member_key: str | None = None,
+        rolled_back: bool = False,
+        held: bool = False,
     ) -> CleanupStatus:
         """Judge how the cleanup ended, record its report and release its claim, in one
         transaction with the count of what is still live, so nothing recorded meanwhile can
         slip between the count and the verdict (late reports wait for the claim to go).
 
-        `complete` when nothing is live; `incomplete` when something is; still `pending`
+        `complete` when nothing is live, or `rolled_back` when the verification found
+        the world partially rolled back (`rolled_back`: what came back was reverted
+        again, and the next round is to prove it); `held` when it reverted nothing because
+        a module had more than its cap to revert (`held`); `incomplete` when something is live; still `pending`
         when all that is live is lease rows another restorer (the expiry sweeper) held
         when this cleanup came to them, so the cleanup is due again to take back what that
         restorer did not (it may have died, its claim running out). A cleanup of one
@@ -167,8 +233,10 @@ class CleanupQueries(Connector):
                 ).scalar()
                 or 0
             )
-            if not remaining:
-                status = CleanupStatus.COMPLETE
+            if held:
+                status = CleanupStatus.HELD
+            elif not remaining:
+                status = CleanupStatus.ROLLED_BACK if rolled_back else CleanupStatus.COMPLETE
             elif remaining == held_elsewhere:
                 status = CleanupStatus.PENDING
             else:
@@ -188,7 +256,11 @@ class CleanupQueries(Connector):
             )
             if released.rowcount != 1:
                 raise ClaimLost(f"run {claim.run_id}'s cleanup was taken over before it finished")
-            summary = {k: report[k] for k in ("status", "member_key", "reverted", "restored", "failed") if k in report}
+            summary = {
+                k: report[k]
+                for k in ("status", "verdict", "member_key", "reverted", "restored", "failed")
+                if k in report
+            }
             await record_audit(conn, now, actor, "cleanup", f"run:{claim.run_id}", summary)
             if member_key is None and status is not CleanupStatus.PENDING:
                 await notify_cleanup(conn, self.dialect, claim.run_id, claim.token, status.value, report, now)
@@ -198,13 +270,22 @@ class CleanupQueries(Connector):
         return result
 
     async def runs_due_cleanup(self, now: datetime) -> list[int]:
-        """Ended runs with `auto` cleanup that are dirty and not being cleaned by anyone."""
+        """Ended runs that are dirty with `auto` cleanup, or were found partially rolled
+        back fewer than AUTO_CLEANUP_ROUNDS rounds ago, and not being cleaned by anyone."""
         query = (
             select(runs.c.id)
             .where(
                 runs.c.status.in_([s.value for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)]),
-                runs.c.cleanup_policy == "auto",
-                runs.c.cleanup_status == CleanupStatus.PENDING.value,
+                or_(
+                    and_(
+                        runs.c.cleanup_policy == CleanupPolicy.AUTO.value,
+                        runs.c.cleanup_status == CleanupStatus.PENDING.value,
+                    ),
+                    and_(
+                        runs.c.cleanup_status == CleanupStatus.ROLLED_BACK.value,
+                        runs.c.cleanup_attempts < AUTO_CLEANUP_ROUNDS,
+                    ),
+                ),
                 or_(runs.c.cleanup_token.is_(None), runs.c.cleanup_claim_expires < now),
             )
             .order_by(runs.c.id)

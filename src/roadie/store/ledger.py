@@ -17,8 +17,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import InvalidState, NotFound, StoreError
 from roadie.states import (
-    OVERRIDE_KIND,
-    STEP_KIND,
     CleanupStatus,
     ResourceState,
     StepStatus,
@@ -26,7 +24,7 @@ from roadie.states import (
 from roadie.store import dialects
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
-from roadie.store.records import NewResource, Outcome
+from roadie.store.records import LiveGroup, NewResource, Outcome
 from roadie.store.rows import (
     ResourceRow,
     StepRow,
@@ -97,19 +95,19 @@ class LedgerQueries(Connector):
         result: list[ResourceRow] = await self._read(work)
         return result
 
-    async def reverted_rows(self, run_id: int, *, after: int = 0, limit: int = 5000) -> list[ResourceRow]:
-        """A page of a run's reverted module resources (not placeholders, not leases), by id."""
-        query = (
-            select(run_resources)
-            .where(
-                run_resources.c.run_id == run_id,
-                run_resources.c.state == ResourceState.REVERTED.value,
-                run_resources.c.kind.not_in([STEP_KIND, OVERRIDE_KIND]),
-                run_resources.c.id > after,
-            )
-            .order_by(run_resources.c.id)
-            .limit(limit)
-        )
+    async def reverted_rows(
+        self, run_id: int, *, after: int = 0, limit: int = 5000, member_key: str | None = None
+    ) -> list[ResourceRow]:
+        """A page of a run's reverted rows (resources, restored leases, placeholders
+        reverted by key), by id: what a cleanup's verification reads back."""
+        conditions = [
+            run_resources.c.run_id == run_id,
+            run_resources.c.state == ResourceState.REVERTED.value,
+            run_resources.c.id > after,
+        ]
+        if member_key is not None:
+            conditions.append(run_resources.c.member_key == member_key)
+        query = select(run_resources).where(*conditions).order_by(run_resources.c.id).limit(limit)
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
             return [from_row(ResourceRow, r) for r in await conn.execute(query)]
@@ -181,6 +179,34 @@ class LedgerQueries(Connector):
             return [from_row(ResourceRow, r) for r in await conn.execute(query)]
 
         result: list[ResourceRow] = await self._read(work)
+        return result
+
+    async def live_summary(self, run_id: int, *, member_key: str | None = None, newest: int = 3) -> list[LiveGroup]:
+        """What a run (or one member) still holds, by module and kind: the count, and the
+        `newest` few rows of each. One grouped count, then a short read per group."""
+        live = [run_resources.c.run_id == run_id, run_resources.c.state.in_(LIVE_STATES)]
+        if member_key is not None:
+            live.append(run_resources.c.member_key == member_key)
+        counted = (
+            select(run_resources.c.owner, run_resources.c.kind, func.count().label("n"))
+            .where(*live)
+            .group_by(run_resources.c.owner, run_resources.c.kind)
+            .order_by(run_resources.c.owner, run_resources.c.kind)
+        )
+
+        async def work(conn: AsyncConnection) -> list[LiveGroup]:
+            groups = []
+            for owner, kind, n in (await conn.execute(counted)).all():
+                rows = await conn.execute(
+                    select(run_resources)
+                    .where(*live, run_resources.c.owner == owner, run_resources.c.kind == kind)
+                    .order_by(run_resources.c.id.desc())
+                    .limit(newest)
+                )
+                groups.append(LiveGroup(owner, kind, int(n), [from_row(ResourceRow, r) for r in rows]))
+            return groups
+
+        result: list[LiveGroup] = await self._read(work)
         return result
 
     async def live_rows_of_steps(

@@ -28,7 +28,7 @@ ENDED = {s.value for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANC
 @dataclass(frozen=True)
 class NewNotification:
     key: str  # one notification per key, however often the transaction that writes it runs
-    kind: str  # run.started | run.succeeded | run.failed | run.cancelled | cleanup.complete | cleanup.incomplete
+    kind: str  # run.{started,succeeded,failed,cancelled} | cleanup.{complete,incomplete,rolled_back,held}
     run_id: int | None
     payload: dict[str, Any]
 
@@ -286,7 +286,8 @@ async def notify_cleanup(
     run = (await conn.execute(select(runs).where(runs.c.id == run_id))).one()
     payload = run_payload(run)
     payload["cleanup"] = status
-    payload["report"] = {k: report[k] for k in ("reverted", "restored", "failed", "held") if k in report}
+    told = ("verdict", "reverted", "restored", "failed", "held", "over_cap")
+    payload["report"] = {k: report[k] for k in told if k in report}
     payload["report"]["errors"] = list(report.get("errors", []))[:5]
     item = NewNotification(f"run:{run_id}:cleanup:{attempt}", f"cleanup.{status}", run_id, payload)
     await notify(conn, dialect, [item], targets, now)

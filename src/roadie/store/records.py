@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from roadie.states import Reversible, RunStatus, StepStatus
-from roadie.store.rows import EventRow, RunRow, StepRow
+from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow
 
 
 @dataclass
@@ -127,3 +127,13 @@ class NewRun:
     first_phase_due: datetime
     # One occurrence of the event's schedule: the database keeps one run per key.
     schedule_key: str | None = None
+
+
+@dataclass
+class LiveGroup:
+    """What a run still holds of one kind from one module: how many, and the newest few."""
+
+    owner: str
+    kind: str
+    count: int
+    newest: list[ResourceRow]

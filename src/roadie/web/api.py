@@ -176,12 +176,26 @@ async def cleanup_plan(
     return service.plan_dicts(await service.plan(state_of(request), run_id, member_key))
 
 
+@router.get(
+    "/runs/{run_id}/cleanup/preview", response_model=list[schemas.PreviewGroup], tags=["cleanup"], responses=ERRORS
+)
+async def cleanup_preview(
+    request: Request, run_id: RowId, who: Viewer, member_key: str | None = Query(None, max_length=190)
+) -> Any:
+    """What cleanup would take down, by module and kind, with the newest few of each in
+    the world's words, and whether a module's cap would hold the cleanup for a confirm."""
+    return [asdict(g) for g in await state_of(request).engine.cleanup.preview(run_id, member_key)]
+
+
 @router.post("/runs/{run_id}/cleanup", response_model=schemas.CleanupReport, tags=["cleanup"], responses=ERRORS)
 async def cleanup(request: Request, run_id: RowId, who: Operator, body: schemas.StartCleanup | None = None) -> Any:
     """Clean up a run now and report (operator): revert every live resource newest first.
-    After `incomplete` this is the retry; `member_key` scopes it to one participant."""
+    After `incomplete` this is the retry; `member_key` scopes it to one participant;
+    `confirm` goes ahead past a module's cap."""
     body = body or schemas.StartCleanup()
-    report = await service.clean_up(state_of(request), run_id, who.actor, member_key=body.member_key, again=body.again)
+    report = await service.clean_up(
+        state_of(request), run_id, who.actor, member_key=body.member_key, again=body.again, confirm=body.confirm
+    )
     return report.as_dict()
 
 

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from roadie.errors import DefinitionError, Problem, RoadieError
-from roadie.states import ResourceState, RunStatus
+from roadie.states import CLEANUP_DUE, ResourceState, RunStatus
 from roadie.web import auth, service
 from roadie.web.api import RowId
 from roadie.web.auth import COOKIE, Principal, require, state_of
@@ -208,7 +208,7 @@ async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
         "phase_names": names,
         "timeline": layout(run, steps, state.clock.now()),
         "in_flight": run.status in service.IN_FLIGHT,
-        "settled_now": not (run.status in service.IN_FLIGHT or run.cleanup_status == "pending"),
+        "settled_now": not (run.status in service.IN_FLIGHT or run.cleanup_status in CLEANUP_DUE),
         "params_json": json.dumps(run.params),
     }
 
@@ -228,7 +228,8 @@ async def run_live(request: Request, run_id: RowId, who: Viewer) -> Response:
 async def ledger_page(request: Request, run_id: RowId, who: Viewer, member: str | None = None) -> Response:
     context = await _run_context(request, run_id)
     calls = await service.plan(state_of(request), run_id, member or None)
-    return _render(request, "ledger.html", who, plan=calls, member=member or "", **context)
+    preview = await state_of(request).engine.cleanup.preview(run_id, member or None)
+    return _render(request, "ledger.html", who, plan=calls, preview=preview, member=member or "", **context)
 
 
 @router.post("/runs/{run_id}/cancel")
@@ -244,8 +245,11 @@ async def cleanup(
     who: Operator,
     member_key: Annotated[str, Form(max_length=190)] = "",
     again: Annotated[bool, Form()] = False,
+    confirm: Annotated[bool, Form()] = False,
 ) -> Response:
-    await service.clean_up(state_of(request), run_id, who.actor, member_key=member_key or None, again=again)
+    await service.clean_up(
+        state_of(request), run_id, who.actor, member_key=member_key or None, again=again, confirm=confirm
+    )
     return _back(f"/runs/{run_id}/ledger" + (f"?member={member_key}" if member_key else ""))
 
 

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from roadie.states import CleanupPolicy, CleanupStatus, RunStatus
+from roadie.engine.engine import settled
 from roadie.store import Store
 from roadie.store.rows import RunRow, StepRow
 
@@ -43,13 +43,6 @@ class Broker:
             self._waiting[run_id].discard(event)
             if not self._waiting[run_id]:
                 del self._waiting[run_id]
-
-
-def settled(run: RunRow) -> bool:
-    """Ended, and not waiting for an automatic cleanup: nothing will move by itself."""
-    if not RunStatus(run.status).terminal:
-        return False
-    return not (run.cleanup_policy == CleanupPolicy.AUTO.value and run.cleanup_status == CleanupStatus.PENDING.value)
 
 
 def summary(run: RunRow, steps: list[StepRow]) -> dict[str, Any]:

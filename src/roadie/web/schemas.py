@@ -42,7 +42,10 @@ class Run(Model):
     params: dict[str, Any]
     status: str
     cleanup_policy: str
-    cleanup_status: str
+    cleanup_status: str = Field(
+        description="not_required, pending, complete, incomplete, or rolled_back (the world was found partially "
+        "rolled back; the workers clean up again by themselves)"
+    )
     phase: int
     cancel_requested: bool
     error: str | None
@@ -53,7 +56,10 @@ class Run(Model):
     cleanup_attempts: int
     cleanup_started_at: datetime | None
     cleanup_ended_at: datetime | None
-    cleanup_report: dict[str, Any] | None
+    cleanup_report: dict[str, Any] | None = Field(
+        description="The last cleanup's report; its `verdict` (verified_clean, partially_rolled_back, unverified) "
+        "and `verification` say what reading the world back found"
+    )
     schedule_key: str | None = None
 
 
@@ -148,6 +154,18 @@ class StartCleanup(BaseModel):
     again: bool = Field(
         False, description="Clean up again even if cleanup is pending (it is implied after `complete` or `incomplete`)."
     )
+    confirm: bool = Field(
+        False, description="Go ahead though a module has more to revert than its cap (the run is `held`); audited."
+    )
+
+
+class PreviewGroup(Model):
+    module: str
+    kind: str
+    count: int
+    newest: list[str] = Field(description="The newest few, in the world's words")
+    cap: int | None
+    over_cap: bool = Field(description="The module has more to revert than its cap: a cleanup waits for a confirm")
 
 
 class CleanupReport(Model):
@@ -158,6 +176,13 @@ class CleanupReport(Model):
     reverted: int
     restored: int
     failed: int
+    verdict: str = Field(description="verified_clean, partially_rolled_back or unverified")
+    verification: dict[str, Any] = Field(
+        description="What reading the world back found: counts (inspected, gone, came_back, still_there, "
+        "not_inspected, unverifiable, foreign, changed) and the first findings by name"
+    )
+    late: list[dict[str, Any]] = Field(description="The run's end, its cleanup or a lease given back long after due")
+    over_cap: dict[str, Any] = Field(description="By module: more to revert than its cap (held, or confirmed)")
     errors: list[dict[str, Any]]
     forgotten: list[dict[str, Any]]
 

@@ -58,17 +58,20 @@ async def cancel_run(state: WebState, run_id: int, actor: str) -> None:
 
 
 async def clean_up(
-    state: WebState, run_id: int, actor: str, *, member_key: str | None = None, again: bool = False
+    state: WebState,
+    run_id: int,
+    actor: str,
+    *,
+    member_key: str | None = None,
+    again: bool = False,
+    confirm: bool = False,
 ) -> CleanupReport:
-    """`roadie cleanup`: a run that is `complete`, `incomplete` or was never dirty is
-    cleaned up again; a pending one is taken unless another worker holds it."""
+    """`roadie cleanup`: a run that is `complete`, `incomplete`, found rolled back or was
+    never dirty is cleaned up again (its rounds counted anew); a pending one is taken
+    unless another worker holds it."""
     run = await state.store.get_run(run_id)
-    retry = again or run.cleanup_status in (
-        CleanupStatus.INCOMPLETE.value,
-        CleanupStatus.COMPLETE.value,
-        CleanupStatus.NOT_REQUIRED.value,
-    )
-    return await state.engine.clean_up(run_id, actor=actor, member_key=member_key, again=retry)
+    retry = again or run.cleanup_status != CleanupStatus.PENDING.value
+    return await state.engine.clean_up(run_id, actor=actor, member_key=member_key, again=retry, confirm=confirm)
 
 
 async def plan(state: WebState, run_id: int, member_key: str | None = None) -> list[PlannedCall]:

@@ -40,6 +40,7 @@ class FaultKind(StrEnum):
     LOSE = "lose"  # apply, store the answer, then raise AnswerLost
     CRASH = "crash"  # apply half, store no answer, raise WorldCrashed
     FAIL_REVERT = "fail_revert"  # a revert raises RetryableError before touching the world
+    LOSE_REVERT = "lose_revert"  # a revert (or a named lease write) answers, and the world loses it
     DUPLICATE = "duplicate"  # random only: the call is delivered a second time after it answered
 
 
@@ -100,7 +101,16 @@ class FaultGate(WorldFile):
         with self._transaction() as db:
             fault = self._take_fault(db, op, revert=revert)
             failing = fault is not None and fault.kind in (FaultKind.FAIL, FaultKind.FAIL_REVERT)
-            if not failing:
+            if fault is not None and fault.kind is FaultKind.LOSE_REVERT:
+                # Done and answered, then lost with the world's unsaved state: what the
+                # call did is undone, and only the knob's consumption is kept.
+                db.execute("SAVEPOINT lost")
+                result = body(db, False)
+                db.execute("ROLLBACK TO lost")
+                db.execute("RELEASE lost")
+                self.faults_met[FaultKind.LOSE_REVERT.value] += 1
+                fault = None
+            elif not failing:
                 result = body(db, fault is not None and fault.kind is FaultKind.CRASH)
         if self.hook is not None:
             self.hook(op, "after")
@@ -122,15 +132,20 @@ class FaultGate(WorldFile):
         return cast(T, result)
 
     def _take_fault(self, db: sqlite3.Connection, op: str, *, revert: bool) -> _Fault | None:
-        kinds = ("fail_revert",) if revert else ("fail", "lose", "crash")
+        kinds = ("fail_revert", "lose_revert") if revert else ("fail", "lose", "crash", "lose_revert")
         rows = db.execute(
             f"SELECT id, kind, action, remaining, message FROM faults"
             f" WHERE kind IN ({','.join('?' * len(kinds))}) ORDER BY id",
             kinds,
         ).fetchall()
         for fault_id, kind, action, remaining, message in rows:
-            # Revert knobs match every revert; action knobs match by name.
-            if revert or _matches(action, op):
+            # Revert knobs match every revert; action knobs match by name; a lost revert
+            # knob matches every revert, or the lease writes it names.
+            if kind == FaultKind.LOSE_REVERT.value:
+                hit = (revert and action is None) or (action is not None and _matches(action, op))
+            else:
+                hit = revert or _matches(action, op)
+            if hit:
                 if remaining > 1:
                     db.execute("UPDATE faults SET remaining = remaining - 1 WHERE id = ?", (fault_id,))
                 else:
@@ -195,6 +210,13 @@ class FaultGate(WorldFile):
         """The next `n` revert calls (remove_creature, remove_item, remove_many,
         revert_key) raise RetryableError before removing anything."""
         self._arm(FaultKind.FAIL_REVERT, n, None, message)
+
+    def lose_reverts_next(self, n: int = 1, action: str | None = None) -> None:
+        """The next `n` reverts answer as if done, and the world loses them: nothing is
+        removed, as a server that crashed before saving its removals comes back from its
+        last save. With `action` naming a lease (`weather`, `xp_rate`), its next `n`
+        writes are lost instead, as a restore of that setting would be."""
+        self._arm(FaultKind.LOSE_REVERT, n, action, None)
 
     def delay(self, seconds: float) -> None:
         """Every call made through the module first awaits `clock.sleep(seconds)` (see
