@@ -32,6 +32,7 @@ MANIFEST = f"{PREFIX}/manifest"
 DISPATCH = f"{PREFIX}/dispatch"
 REVERT = f"{PREFIX}/revert"
 INSPECT = f"{PREFIX}/inspect"
+TAGGED = f"{PREFIX}/tagged"
 LEASE_READ = f"{PREFIX}/lease/read"
 LEASE_APPLY = f"{PREFIX}/lease/apply"
 LEASE_RESTORE = f"{PREFIX}/lease/restore"
@@ -39,11 +40,12 @@ CALL_PATHS = {
     "dispatch": DISPATCH,
     "revert": REVERT,
     "inspect": INSPECT,
+    "tagged": TAGGED,
     "lease.read": LEASE_READ,
     "lease.apply": LEASE_APPLY,
     "lease.restore": LEASE_RESTORE,
 }
-CallKind = Literal["dispatch", "revert", "inspect", "lease.read", "lease.apply", "lease.restore"]
+CallKind = Literal["dispatch", "revert", "inspect", "tagged", "lease.read", "lease.apply", "lease.restore"]
 
 # Engine (gateway) paths: what a module calls.
 PULL = f"{PREFIX}/pull"
@@ -226,6 +228,7 @@ class Manifest(_Body):
     actions: list[ActionSpec] = Field(default_factory=list)
     leases: list[LeaseSpec] = Field(default_factory=list)
     inspect: bool = Field(False, description="whether the server answers /inspect")
+    tagged: bool = Field(False, description="whether the server answers /tagged: what it holds tagged with keys")
 
 
 class DispatchRequest(_Body):
@@ -270,6 +273,25 @@ class Inspected(_Body):
 
 class InspectAnswer(_Body):
     resources: list[Inspected]
+
+
+class TaggedRequest(_Body):
+    """A page of the objects the module holds tagged with Roadie keys, after `after`."""
+
+    after: str | None = Field(None, max_length=500, description="the `next` of the page before; null: the first")
+    limit: int = Field(500, ge=1, le=5000)
+
+
+class TaggedObject(_Body):
+    kind: str = Field(min_length=1, max_length=64)
+    ref: str = Field(min_length=1, max_length=190)
+    key: str = Field(min_length=1, max_length=190, description="the idempotency key it is tagged with")
+    payload: Any = None
+
+
+class TaggedAnswer(_Body):
+    objects: list[TaggedObject]
+    next: str | None = Field(None, max_length=500, description="where the next page begins; null: this was the last")
 
 
 class LeaseRequest(_Body):

@@ -99,4 +99,7 @@ def engine_options(settings: Settings) -> EngineOptions:
     for name, cap in caps.items():
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
             raise ConfigError(f"{settings.source}: [engine] {name} must be a count of rows, not {cap!r}")
+    interval = options.sweep_interval
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0):
+        raise ConfigError(f"{settings.source}: [engine] sweep_interval must be seconds (0: no sweep), not {interval!r}")
     return options

@@ -28,13 +28,14 @@ from roadie.store.store import Store
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 SECRET = "example-secret"
 
-MODULE_PATHS = {"dispatch", "revert", "inspect", "lease/read", "lease/apply", "lease/restore"}
+MODULE_PATHS = {"dispatch", "revert", "inspect", "tagged", "lease/read", "lease/apply", "lease/restore"}
 ENGINE_PATHS = {"announce", "pull", "answer", "report"}
 
 REQUESTS: dict[str, type[BaseModel]] = {
     "dispatch": protocol.DispatchRequest,
     "revert": protocol.RevertRequest,
     "inspect": protocol.InspectRequest,
+    "tagged": protocol.TaggedRequest,
     "lease/read": protocol.LeaseRequest,
     "lease/apply": protocol.LeaseRequest,
     "lease/restore": protocol.LeaseRequest,
@@ -68,6 +69,7 @@ ANSWERS: dict[str, type[BaseModel]] = {
     "dispatch": DispatchAnswer,
     "revert": protocol.RevertAnswer,
     "inspect": protocol.InspectAnswer,
+    "tagged": protocol.TaggedAnswer,
     "lease/read": protocol.LeaseValue,
     "lease/apply": Empty,
     "lease/restore": Empty,
@@ -219,14 +221,19 @@ def test_module_examples_get_the_documented_answers(tmp_path: Path) -> None:
                 assert {(lease.name, lease.targeted) for lease in documented.leases} <= {
                     (lease.name, lease.targeted) for lease in real.leases
                 }
-                assert (real.module, real.inspect) == (documented.module, documented.inspect)
+                assert (real.module, real.inspect, real.tagged) == (
+                    documented.module,
+                    documented.inspect,
+                    documented.tagged,
+                )
                 sent = 0
                 for request in EXAMPLES:
                     if request.role != "request" or request.name not in MODULE_PATHS:
                         continue
                     path = f"{protocol.PREFIX}/{request.name}"
                     raw = request.text.encode()
-                    signed = protocol.sign(SECRET, "POST", path, raw, key=request.body["idempotency_key"])
+                    key = request.body.get("idempotency_key", protocol.NO_KEY)  # tagged is about no step
+                    signed = protocol.sign(SECRET, "POST", path, raw, key=key)
                     response = await client.post(path, content=raw, headers=signed)
                     check_answer(request, response.status_code, response.json())
                     sent += 1

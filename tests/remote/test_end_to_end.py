@@ -303,3 +303,45 @@ def test_a_manifest_shapes_validation(tmp_path: Path) -> None:
             assert (tmp_path / ".roadie" / "manifests" / "sandbox.json").exists()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
+def test_summons_are_swept_over_the_protocol(tmp_path: Path, pull: bool) -> None:
+    """A warlord spawned by a run summons two minions in the server's world, which no one
+    reports; after the run's cleanup the sweep lists them over `tagged` and reverts them
+    under the warlord's key, push and pull alike."""
+    gateway_port = free_port()
+    server = SandboxServer(tmp_path, pull=f"http://127.0.0.1:{gateway_port}" if pull else None)
+    text = """
+id: warlord
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - {action: sandbox.spawn, name: warlord, with: {kind: orc warlord, region: britain}}
+"""
+
+    async def body() -> None:
+        async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
+            store, engine = remote.store, remote.engine
+            assert engine.registry.module("sandbox").tagged_fn is not None  # the manifest says tagged
+            before = world_state(server.world)
+            definition = load_definition(text, "warlord.yaml", engine.registry)
+            event = await store.create_event_version(
+                definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), text, "t",
+                engine.clock.now(),
+            )  # fmt: skip
+            run = await engine.start_run(event, {})
+            [run] = await engine.settle([run.id])
+            [warlord] = world_state(server.world)["creatures"]
+            world = open_world(str(server.world), SystemClock())
+            minions = world.summon(warlord, "orc minion", 2)
+            world.close()
+            assert (await engine.clean_up(run.id)).status == "complete"
+            assert sorted(world_state(server.world)["creatures"]) == sorted(minions)
+
+            [swept] = await engine.sweeper.sweep(actor="test")
+            assert (swept.orphans, swept.reverted, swept.failed, swept.errors) == (2, 2, 0, [])
+            assert world_state(server.world) == before
+
+    asyncio.run(body())

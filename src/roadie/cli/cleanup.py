@@ -1,4 +1,4 @@
-"""The cleanup commands: cleanup (with its plan and verify), forget, leases, audit."""
+"""The cleanup commands: cleanup (with its plan and verify), sweep, forget, leases, audit."""
 
 from __future__ import annotations
 
@@ -167,6 +167,43 @@ def verdict_lines(found: dict[str, Any]) -> list[Text]:
     if len(found.get("findings", [])) >= LISTED:
         lines.append(line(f"  … only the first {LISTED} are named; the counts above are of all"))
     return lines
+
+
+def sweep(
+    plan: bool = typer.Option(False, "--plan", help="Find the orphans and revert nothing."),
+    module: str | None = typer.Option(None, "--module", help="Only this module."),
+    as_json: bool = JsonOption,
+    database_url: str | None = DatabaseOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Take down what modules hold tagged for runs that have ended and no ledger row names
+    (summons, respawns, what a lost answer made), by the tag's own step; audited."""
+
+    async def work(ctx: Context) -> Any:
+        return await ctx.engine.sweeper.sweep(plan=plan, actor=os.environ.get("USER", "cli"), only=module)
+
+    reports = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        print_json([r.as_dict() for r in reports])
+        return
+    if not reports:
+        console.print("no module loaded can list what it holds tagged: nothing to sweep")
+        return
+    for r in reports:
+        did = "would revert" if plan else f"{r.reverted} reverted, {r.failed} failed"
+        console.print(
+            line(
+                (r.module, "bold"),
+                f": {r.listed} tagged, {r.orphans} orphans ({did}); {r.in_ledger} in the ledger, "
+                f"{r.in_flight} of runs in flight, {r.unknown} of keys not ours",
+            )
+        )
+        for f in r.found:
+            console.print(line("  ", ("orphan", "yellow"), f" {f['kind']} {f['ref']} of run {f['run']} ({f['step']})"))
+        for e in r.errors:
+            console.print(line("  ", ("✗", "red"), f" {e.get('key', '')} {e['error']}"))
+    if any(r.failed or r.errors for r in reports):
+        raise typer.Exit(1)
 
 
 def forget(

@@ -11,7 +11,7 @@ from importlib import metadata
 
 import typer
 
-from roadie.cli.cleanup import audit, cleanup, forget, leases
+from roadie.cli.cleanup import audit, cleanup, forget, leases, sweep
 from roadie.cli.conformance import conformance
 from roadie.cli.events import event_app
 from roadie.cli.logs import configure_logging
@@ -61,6 +61,7 @@ app.command()(gateway)
 app.command("workers")(workers_list)
 app.command()(cleanup)
 app.command()(forget)
+app.command()(sweep)
 app.command()(leases)
 app.command()(audit)
 app.command()(demo)

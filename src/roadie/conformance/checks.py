@@ -22,6 +22,7 @@ from roadie import protocol
 from roadie.conformance.params import check_schema, example_params, invalid
 from roadie.conformance.report import Outcome, Report, RuleResult
 from roadie.conformance.session import (
+    ATTEMPTS,
     ConformanceOptions,
     Failed,
     Made,
@@ -74,6 +75,8 @@ async def check_manifest(s: Session) -> str:
         raise Failed(s.no_action)
     if not manifest.inspect:
         parts.append("no inspect: what reverts did cannot be verified")
+    if not manifest.tagged:
+        parts.append("no tagged: the orphan sweep cannot reach it")
     return "; ".join(parts)
 
 
@@ -138,6 +141,31 @@ async def check_inspect(s: Session) -> str:
     if wrong:
         raise Failed(f"fresh resources should be exists=true ours=true: {', '.join(wrong)}")
     return f"{len(found)} fresh resource(s): exists and ours"
+
+
+async def check_tagged(s: Session) -> str:
+    assert s.manifest is not None
+    s.need_action()
+    if not s.manifest.tagged:
+        raise Skipped("the manifest does not declare tagged (the orphan sweep cannot reach this module)")
+    key = s.new_key("listed")
+    resources = await s.made_something(key)
+    listed = await s.tagged("tagged, after a dispatch")
+    mine = {(o.kind, o.ref) for o in listed if o.key == key}
+    missing = [f"{r.get('kind')}:{r.get('ref')}" for r in resources if (r.get("kind"), r.get("ref")) not in mine]
+    if missing:
+        raise Failed(f"tagged does not list what key {key} just made: {', '.join(missing)}")
+    answer = await s.revert(key, resources, "revert of what tagged listed")
+    if answer.failures:
+        raise Failed(f"revert reported failures: {[f.message for f in answer.failures]}")
+    s.gone.append((key, resources))
+    after = await s.tagged("tagged, after the revert")
+    left = [f"{o.kind}:{o.ref}" for o in after if o.key == key]
+    if left:
+        raise Failed(f"tagged still lists what was reverted: {', '.join(left)}")
+    return (
+        f"{len(resources)} resource(s) listed under their key, and no more once reverted ({len(listed)} tagged in all)"
+    )
 
 
 async def check_revert_by_key(s: Session) -> str:
@@ -278,14 +306,17 @@ async def check_malformed(s: Session) -> str:
     raw = s.transport
     if isinstance(raw, RawTransport):
         content = b'{"action": "spawn", not json'
-        status, answer = await raw.send_raw(
-            "POST", protocol.DISPATCH, content, raw.signed("POST", protocol.DISPATCH, content, key)
-        )
+        for _ in range(ATTEMPTS):  # a busy answer (429, 409, 503) says nothing of the body: ask again
+            status, answer = await raw.send_raw(
+                "POST", protocol.DISPATCH, content, raw.signed("POST", protocol.DISPATCH, content, key)
+            )
+            if not protocol.retryable_status(status):
+                break
         seen.append(f"invalid JSON {status}")
         if not 400 <= status < 500:
             wrong.append(f"invalid JSON → {status}")
     for name, kind, body in cases:
-        status, answer = await s.ask(kind, body, retry=False)
+        status, answer = await s.ask(kind, body)
         seen.append(f"{name} {status}")
         if not 400 <= status < 500:
             wrong.append(f"{name} → {status} {message_of(answer)}")
@@ -429,6 +460,7 @@ RULES: list[tuple[str, str, Rule]] = [
     ("manifest", "manifest is valid", check_manifest),
     ("same_key", "same key: same answer, one effect", check_same_key),
     ("inspect", "inspect answers each resource", check_inspect),
+    ("tagged", "tagged lists what a key made, until reverted", check_tagged),
     ("revert_by_key", "revert by key alone", check_revert_by_key),
     ("foreign_tag", "another key's object is left alone", check_foreign_tag),
     ("revert_missing", "revert of something missing succeeds", check_revert_missing),

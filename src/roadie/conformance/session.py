@@ -197,6 +197,27 @@ class Session:
         except ValidationError as exc:
             raise Failed(f"{what}: the answer is not {{'failures': [...]}}: {first_error(exc)}") from exc
 
+    async def tagged(self, what: str, *, pages: int = 200) -> list[protocol.TaggedObject]:
+        """Every object the module lists as tagged, page by page (at most `pages`)."""
+        found: list[protocol.TaggedObject] = []
+        after: str | None = None
+        for _ in range(pages):
+            body = protocol.TaggedRequest(after=after, limit=500).model_dump(mode="json")
+            answer = await self.ok("tagged", body, what)
+            try:
+                page = protocol.TaggedAnswer.model_validate(answer)
+            except ValidationError as exc:
+                raise Failed(
+                    f"{what}: the answer is not {{'objects': [{{kind, ref, key}}], 'next'}}: {first_error(exc)}"
+                ) from exc
+            found.extend(page.objects)
+            if page.next is None or not page.objects:
+                return found
+            if page.next == after:
+                raise Failed(f"{what}: 'next' did not move on from {after!r}: the listing would never end")
+            after = page.next
+        raise Failed(f"{what}: still more after {pages} pages of 500")
+
     async def inspect(self, key: str, resources: Sequence[Mapping[str, Any]], what: str) -> list[protocol.Inspected]:
         action = self.need_action()
         body = protocol.InspectRequest.model_validate(

@@ -18,7 +18,7 @@ import httpx
 
 from roadie import protocol
 
-Kind = Literal["manifest", "dispatch", "revert", "inspect", "lease.read", "lease.apply", "lease.restore"]
+Kind = Literal["manifest", "dispatch", "revert", "inspect", "tagged", "lease.read", "lease.apply", "lease.restore"]
 
 
 class Transport(Protocol):

@@ -35,6 +35,9 @@ class EngineOptions:
     # to confirm it (`roadie cleanup RUN --confirm`); None: no cap. Per module: `cleanup_caps`.
     cleanup_cap: int | None = None
     cleanup_caps: dict[str, int] = field(default_factory=dict)
+    # Seconds between a worker's orphan sweeps (what modules hold tagged for runs that
+    # ended, and no ledger row names); None or 0: only `roadie sweep` sweeps.
+    sweep_interval: float | None = 600.0
     # Render a new run's templates in a thread, so the loop (a web server's, a worker's)
     # goes on meanwhile. The simulation turns it off: it must see every moment a task
     # yields, and a thread ends when it will.

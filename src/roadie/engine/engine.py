@@ -30,6 +30,7 @@ from roadie.engine.base import EngineOptions, Observer, earliest
 from roadie.engine.cleanup import Cleanup, CleanupReport
 from roadie.engine.drain import Drain
 from roadie.engine.notify import Notifier, Webhook
+from roadie.engine.sweep import Sweeper
 from roadie.errors import (
     DatabaseLost,
     InvalidState,
@@ -85,6 +86,10 @@ class Engine(Drain):
         self._heart: asyncio.Task[None] | None = None  # run_forever's background heartbeat
         self.notifier = Notifier(store, list(webhooks), self.clock, incarnation=self.incarnation) if webhooks else None
         self._sending: asyncio.Task[None] | None = None  # notifications being sent, beside the drain
+        self.sweeper = Sweeper(store, registry, self.clock, call_timeout=self.cleanup.call_timeout)
+        self._sweeping: asyncio.Task[None] | None = None  # the periodic orphan sweep, beside the drain
+        self._next_sweep: datetime | None = None
+        self._sweep_jitter = random.Random(self.options.seed)  # its own: the engine's stream stays as it was
 
     # -- runs -----------------------------------------------------------------------
 
@@ -159,6 +164,7 @@ class Engine(Drain):
                 self._cleanups[run_id] = asyncio.create_task(self._auto_cleanup(run_id))
         if self.notifier is not None and (self._sending is None or self._sending.done()):
             self._sending = asyncio.create_task(self._send_notifications(self.notifier))
+        self._start_sweep()
         return await self._next_due()
 
     async def catch_up(self) -> None:
@@ -182,6 +188,33 @@ class Engine(Drain):
             await self.cleanups_done()
         except StoreError as exc:  # the loop's first tick tries again
             log.warning("catching up failed", error=exc.message)
+
+    def _start_sweep(self) -> None:
+        """The periodic orphan sweep, as a task beside the drain, every `sweep_interval`
+        (jittered, so that many workers do not sweep together)."""
+        interval = self.options.sweep_interval
+        if not interval or not self.sweeper.listing():  # None or 0: only `roadie sweep` sweeps
+            return
+        now = self.clock.now()
+        if self._next_sweep is None:
+            self._next_sweep = now + timedelta(seconds=interval * self._sweep_jitter.uniform(0.5, 1.0))
+        if now < self._next_sweep or (self._sweeping is not None and not self._sweeping.done()):
+            return
+        self._next_sweep = now + timedelta(seconds=interval * self._sweep_jitter.uniform(0.9, 1.1))
+        self._sweeping = asyncio.create_task(self._sweep())
+
+    async def sweeps_done(self) -> None:
+        """Wait for the periodic sweep under way, if any, to end."""
+        if self._sweeping is not None:
+            await asyncio.wait([self._sweeping])
+
+    async def _sweep(self) -> None:
+        try:
+            await self.sweeper.sweep(actor="system")
+        except StoreError as exc:
+            log.warning("orphan sweep failed", error=exc.message)
+        except Exception:
+            log.exception("orphan sweep crashed")
 
     async def _send_notifications(self, notifier: Notifier) -> None:
         """Webhooks, as a task beside the drain: a slow receiver holds up no step."""
@@ -221,8 +254,7 @@ class Engine(Drain):
         and another worker takes them over), so that none touches the store after its owner
         closes it."""
         tasks = list(self._cleanups.values())
-        if self._sending is not None:
-            tasks.append(self._sending)
+        tasks += [t for t in (self._sending, self._sweeping) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

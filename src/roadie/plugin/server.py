@@ -49,6 +49,7 @@ from roadie.plugin.wire import (
     to_failure,
     to_inspected,
     to_resource,
+    to_tagged_page,
     wire_answer,
     wire_resource,
 )
@@ -60,6 +61,7 @@ from roadie.registry.module import (
     Module,
     ModuleConfig,
     RevertCall,
+    TaggedCall,
     maybe_await,
 )
 
@@ -333,6 +335,14 @@ class ModuleServer:
         )
         return Reply(200, answer.model_dump(mode="json"))
 
+    async def _tagged(self, body: bytes) -> Reply:
+        request = parse_body(protocol.TaggedRequest, body)
+        if self.module.tagged_fn is None:
+            raise Refusal(404, f"module {self.module.name!r} does not answer tagged")
+        call = TaggedCall(after=request.after, limit=request.limit, state=self.state, clock=self.clock)
+        page = to_tagged_page(await maybe_await(self.module.tagged_fn(call)))
+        return Reply(200, page.model_dump(mode="json"))
+
     def _lease_call(self, body: bytes) -> tuple[protocol.LeaseRequest, Lease, LeaseCall]:
         request = parse_body(protocol.LeaseRequest, body)
         lease = self.module.leases.get(request.lease)
@@ -395,6 +405,7 @@ class ModuleServer:
         "dispatch": _dispatch,
         "revert": _revert,
         "inspect": _inspect,
+        "tagged": _tagged,
         "lease.read": _lease_read,
         "lease.apply": _lease_apply,
         "lease.restore": _lease_restore,

@@ -24,6 +24,8 @@ from roadie.registry.module import (
     Module,
     Resource,
     RevertFailure,
+    Tagged,
+    TaggedPage,
 )
 from roadie.states import Reversible
 
@@ -116,6 +118,7 @@ def build_manifest(module: Module) -> protocol.Manifest:
         actions=actions,
         leases=leases,
         inspect=module.inspect_fn is not None,
+        tagged=module.tagged_fn is not None,
     )
 
 
@@ -195,6 +198,20 @@ def to_inspected(entry: Any, resource: Resource) -> protocol.Inspected:
             ours=exists and bool(entry.get("ours")),
         )
     raise RoadieError(f"inspect answered an entry that is not one: {entry!r:.80}")
+
+
+def to_tagged_page(answer: Any) -> protocol.TaggedAnswer:
+    """A module's `tagged` answer as it crosses the wire: a `TaggedPage`, or a bare list of
+    `Tagged` (or mappings) for a module whose world fits on one page."""
+    objects, after = (answer.objects, answer.next) if isinstance(answer, TaggedPage) else (answer or [], None)
+    wired = []
+    for entry in objects:
+        if isinstance(entry, Tagged):
+            entry = {"kind": entry.kind, "ref": entry.ref, "key": entry.key, "payload": jsonable(entry.payload)}
+        if not isinstance(entry, Mapping):
+            raise RoadieError(f"tagged answered an entry that is not one: {entry!r:.80}")
+        wired.append(protocol.TaggedObject.model_validate(dict(entry)))
+    return protocol.TaggedAnswer(objects=wired, next=after)
 
 
 def lease_writer(lease: Lease) -> LeaseWriteFn:

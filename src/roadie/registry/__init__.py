@@ -14,6 +14,9 @@ from roadie.registry.module import (
     Resource,
     RevertCall,
     RevertFailure,
+    Tagged,
+    TaggedCall,
+    TaggedPage,
 )
 from roadie.registry.registry import Registry, build_registry
 
@@ -32,5 +35,8 @@ __all__ = [
     "Resource",
     "RevertCall",
     "RevertFailure",
+    "Tagged",
+    "TaggedCall",
+    "TaggedPage",
     "build_registry",
 ]

@@ -133,11 +133,42 @@ class InspectCall:
     action: str | None = None  # the name (within its module) of the action that made them
 
 
+@dataclass(frozen=True)
+class Tagged:
+    """An object the world holds, tagged with the idempotency key of the step that made it
+    (or of the step whose object made it: a summons, a respawn)."""
+
+    kind: str
+    ref: str
+    key: str
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class TaggedCall:
+    """Ask for a page of the objects a module holds tagged with Roadie keys: up to `limit`
+    of them, from where the page before ended (`after`, None for the first)."""
+
+    after: str | None
+    limit: int
+    state: Any
+    clock: Clock
+
+
+@dataclass(frozen=True)
+class TaggedPage:
+    """One page of tagged objects, and where the next begins (None: this was the last)."""
+
+    objects: list[Tagged]
+    next: str | None = None
+
+
 ActionFn = Callable[[Call[Any]], Any]
 RevertFn = Callable[[RevertCall], Any]
 LeaseReadFn = Callable[[LeaseCall], Any]
 LeaseWriteFn = Callable[[LeaseCall, JSON], Any]
 InspectFn = Callable[[InspectCall], Any]
+TaggedFn = Callable[[TaggedCall], Any]
 
 
 async def maybe_await(value: Any) -> Any:
@@ -248,6 +279,7 @@ class Module:
         self.setup_fn: Callable[[ModuleConfig], Any] | None = None
         self.close_fn: Callable[[Any], Any] | None = None
         self.inspect_fn: InspectFn | None = None
+        self.tagged_fn: TaggedFn | None = None
 
     def action(
         self,
@@ -308,8 +340,16 @@ class Module:
     def inspect(self, fn: InspectFn) -> InspectFn:
         """Declare how to tell whether resources still exist and still carry their step's
         tag, one `Inspected` (or mapping with `exists` and `ours`) per resource, in order.
-        `roadie cleanup --verify` uses it to find what came back after a world rolled back."""
+        Every cleanup uses it to read back what it reverted and give its verdict."""
         self.inspect_fn = fn
+        return fn
+
+    def tagged(self, fn: TaggedFn) -> TaggedFn:
+        """Declare how to list what the world holds tagged with Roadie keys, a `TaggedPage`
+        at a time. The orphan sweep (`roadie sweep`) uses it to find objects no ledger row
+        names (summons, respawns, what an answer that never arrived made) and take down
+        those whose run has ended."""
+        self.tagged_fn = fn
         return fn
 
     def check(self) -> None:

@@ -39,6 +39,9 @@ from roadie.registry.module import (
     Module,
     RevertCall,
     RevertFailure,
+    Tagged,
+    TaggedCall,
+    TaggedPage,
 )
 from roadie.remote import protocol
 from roadie.remote.schema import params_model
@@ -241,6 +244,8 @@ class RemoteModule:
             self._add_lease(module, lease_spec)
         if manifest.inspect:
             module.inspect(self._inspect)
+        if manifest.tagged:
+            module.tagged(self._tagged)
         transport = self.transport
 
         async def close(_state: Any) -> None:
@@ -350,6 +355,16 @@ class RemoteModule:
         except ValidationError as exc:
             raise PermanentError(f"{self.manifest.module} inspect answered something unreadable: {exc}") from exc
         return [Inspected(i.kind, i.ref, i.exists, i.ours) for i in parsed.resources]
+
+    async def _tagged(self, call: TaggedCall) -> TaggedPage:
+        body = protocol.TaggedRequest(after=call.after, limit=call.limit).model_dump(mode="json")
+        answer = await self._side_call("tagged", body, protocol.NO_KEY)
+        try:
+            parsed = protocol.TaggedAnswer.model_validate(answer)
+        except ValidationError as exc:
+            raise PermanentError(f"{self.manifest.module} tagged answered something unreadable: {exc}") from exc
+        objects = [Tagged(o.kind, o.ref, o.key, o.payload) for o in parsed.objects]
+        return TaggedPage(objects, parsed.next)
 
 
 def _wire(kind: str, ref: str, payload: Any, member_key: str | None) -> protocol.WireResource:

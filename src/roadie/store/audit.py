@@ -21,6 +21,15 @@ from roadie.store.tables import (
 
 
 class AuditQueries(Connector):
+    async def write_audit(self, now: datetime, actor: str, action: str, subject: str, detail: Any) -> None:
+        """One audit entry in a transaction of its own, for what changes no row of ours (a
+        sweep reverts objects the ledger never named)."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await record_audit(conn, now, actor, action, subject, detail)
+
+        await self._write("write_audit", work)
+
     async def list_audit(self, subject: str | None = None, limit: int = 100) -> list[AuditRow]:
         query = select(audit).order_by(audit.c.id.desc()).limit(limit)
         if subject:

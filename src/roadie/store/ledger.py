@@ -209,6 +209,15 @@ class LedgerQueries(Connector):
         result: list[LiveGroup] = await self._read(work)
         return result
 
+    async def live_targets(self, targets: list[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+        """Which of these (owner, kind, ref) a live or pending ledger row holds."""
+
+        async def work(conn: AsyncConnection) -> set[tuple[str, str, str]]:
+            return set(await live_holders(conn, targets))
+
+        result: set[tuple[str, str, str]] = await self._read(work)
+        return result
+
     async def live_rows_of_steps(
         self, run_id: int, step_ids: list[int | None], *, member_key: str | None, before: int | None = None
     ) -> list[ResourceRow]:

@@ -36,6 +36,9 @@ from roadie.registry.module import (
     ModuleConfig,
     RevertCall,
     RevertFailure,
+    Tagged,
+    TaggedCall,
+    TaggedPage,
 )
 from roadie.states import Reversible
 
@@ -169,6 +172,19 @@ async def inspect_objects(call: InspectCall) -> list[Inspected]:
         Inspected(r.kind, r.ref, exists=exists, ours=exists and tag == call.idempotency_key)
         for r, (exists, tag) in zip(call.resources, found, strict=True)
     ]
+
+
+@module.tagged
+async def tagged_objects(call: TaggedCall) -> TaggedPage:
+    """Every creature and item carrying a key's tag, a page at a time in serial order:
+    what the run's steps made, and what those made by themselves (summons, respawns)."""
+    world = _world(call.state)
+    await world.pace()
+    page, after = world.tagged(call.after, call.limit)
+    objects = [
+        Tagged(kind_of, serial, tag, {"kind": kind, "region": region}) for kind_of, serial, tag, kind, region in page
+    ]
+    return TaggedPage(objects, after)
 
 
 @module.action("broadcast", reversible=Reversible.NONE, params=BroadcastParams)

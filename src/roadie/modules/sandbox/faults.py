@@ -99,6 +99,7 @@ class FaultGate(WorldFile):
         if self.hook is not None:
             self.hook(op, "before")
         with self._transaction() as db:
+            self._wake(db)
             fault = self._take_fault(db, op, revert=revert)
             failing = fault is not None and fault.kind in (FaultKind.FAIL, FaultKind.FAIL_REVERT)
             if fault is not None and fault.kind is FaultKind.LOSE_REVERT:

@@ -92,6 +92,17 @@ CREATE TABLE IF NOT EXISTS dispatches (
     started REAL NOT NULL,
     ended REAL
 );
+CREATE TABLE IF NOT EXISTS respawn_rules (
+    kind TEXT PRIMARY KEY,
+    seconds REAL NOT NULL CHECK (seconds >= 0)
+);
+CREATE TABLE IF NOT EXISTS respawns (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    region TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    due REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS faults (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL CHECK (kind IN ('fail', 'lose', 'crash', 'fail_revert', 'lose_revert')),
@@ -166,6 +177,10 @@ class WorldFile:
                 "INSERT INTO meta (name, value) VALUES (?, ?)",
                 [("schema", str(SCHEMA_VERSION)), ("next_serial", str(FIRST_SERIAL)), ("delay", "0")],
             )
+
+    def _wake(self, db: sqlite3.Connection) -> None:
+        """What the world does by itself as its clock moves, done by whoever looks next
+        (the sandbox world's respawns); nothing here."""
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

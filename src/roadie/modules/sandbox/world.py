@@ -215,11 +215,37 @@ class SandboxWorld(FaultGate):
     # -- reverts -----------------------------------------------------------------------
 
     def _remove(self, db: sqlite3.Connection, kind_of: str, serial: str, key: str) -> bool:
-        cursor = db.execute(f"DELETE FROM {TABLES[kind_of]} WHERE serial = ? AND tag = ?", (serial, key))
-        if cursor.rowcount:
-            self._effect(db, key, "remove", kind_of, serial)
-            return True
-        return False
+        table = TABLES[kind_of]
+        if db.execute(f"SELECT 1 FROM {table} WHERE serial = ? AND tag = ?", (serial, key)).fetchone() is None:
+            return False
+        db.execute(f"DELETE FROM {table} WHERE serial = ?", (serial,))
+        self._effect(db, key, "remove", kind_of, serial)
+        return True
+
+    def _schedule_respawn(self, db: sqlite3.Connection, kind: str, region: str, tag: str | None) -> None:
+        """A tagged creature of a kind with a respawn timer that is killed comes back,
+        tagged the same, once the timer runs out: the world's own doing, which no ledger
+        row will name. (A revert despawns, which starts no timer; one already running runs
+        on, as on a real server.)"""
+        rule = db.execute("SELECT seconds FROM respawn_rules WHERE kind = ?", (kind,)).fetchone()
+        if rule is not None and tag is not None:
+            due = self.clock.now().timestamp() + float(rule[0])
+            db.execute("INSERT INTO respawns (kind, region, tag, due) VALUES (?, ?, ?, ?)", (kind, region, tag, due))
+
+    def _wake(self, db: sqlite3.Connection) -> None:
+        """Carry out the respawns that are due: the world's clock moves even when nobody
+        calls it, and whoever looks next sees what it did meanwhile."""
+        due = db.execute(
+            "SELECT id, kind, region, tag FROM respawns WHERE due <= ? ORDER BY id", (self.clock.now().timestamp(),)
+        ).fetchall()
+        for respawn_id, kind, region, tag in due:
+            serial = self._next_serial(db)
+            db.execute(
+                "INSERT INTO creatures (serial, kind, region, tag, idx) VALUES (?, ?, ?, ?, NULL)",
+                (serial, kind, region, tag),
+            )
+            self._effect(db, tag, "create", "creature", serial)
+            db.execute("DELETE FROM respawns WHERE id = ?", (respawn_id,))
 
     def remove_creature(self, serial: str, key: str) -> bool:
         """Remove creature `serial` if it exists and was made by `key`.
@@ -276,11 +302,59 @@ class SandboxWorld(FaultGate):
         or a world rollback would. True when something was there."""
         with self._transaction() as db:
             for kind_of, table in TABLES.items():
-                cursor = db.execute(f"DELETE FROM {table} WHERE serial = ?", (serial,))
-                if cursor.rowcount:
+                row = db.execute(f"SELECT kind, region, tag FROM {table} WHERE serial = ?", (serial,)).fetchone()
+                if row is not None:
+                    db.execute(f"DELETE FROM {table} WHERE serial = ?", (serial,))
                     self._effect(db, None, "remove", kind_of, serial)
+                    if kind_of == "creature":
+                        self._schedule_respawn(db, row[0], row[1], row[2])
                     return True
         return False
+
+    def summon(self, serial: str, kind: str, count: int = 1) -> list[str]:
+        """Creature `serial` summons `count` creatures of `kind` beside it, tagged with its
+        own tag, as an event boss calling minions would: the world's doing, reported to
+        no one, so no ledger row names them. What was summoned, by serial."""
+        with self._transaction() as db:
+            self._wake(db)
+            row = db.execute("SELECT region, tag FROM creatures WHERE serial = ?", (serial,)).fetchone()
+            if row is None:
+                raise PermanentError(f"sandbox: no creature {serial} to summon anything")
+            made = []
+            for _ in range(count):
+                made.append(self._next_serial(db))
+                db.execute(
+                    "INSERT INTO creatures (serial, kind, region, tag, idx) VALUES (?, ?, ?, ?, NULL)",
+                    (made[-1], kind, row[0], row[1]),
+                )
+                self._effect(db, row[1], "create", "creature", made[-1])
+            return made
+
+    def respawn_after(self, kind: str, seconds: float | None) -> None:
+        """Give creatures of `kind` a respawn timer: a tagged one killed (`destroy`) comes
+        back `seconds` later with the same tag. None takes the timer off."""
+        with self._transaction() as db:
+            if seconds is None:
+                db.execute("DELETE FROM respawn_rules WHERE kind = ?", (kind,))
+            else:
+                db.execute("INSERT OR REPLACE INTO respawn_rules (kind, seconds) VALUES (?, ?)", (kind, seconds))
+
+    def tagged(self, after: str | None, limit: int) -> tuple[list[tuple[str, str, str, str, str]], str | None]:
+        """A page of the creatures and items that carry a tag, in serial order after the
+        serial `after`: `(kind_of, serial, tag, kind, region)` each, and the serial the
+        next page begins after (None when this page is the last)."""
+        with self._transaction() as db:
+            self._wake(db)
+            rows = db.execute(
+                "SELECT kind_of, serial, tag, kind, region FROM ("
+                " SELECT 'creature' AS kind_of, serial, tag, kind, region FROM creatures WHERE tag IS NOT NULL"
+                " UNION ALL"
+                " SELECT 'item', serial, tag, kind, region FROM items WHERE tag IS NOT NULL"
+                ") WHERE serial > ? ORDER BY serial LIMIT ?",
+                (after or "", limit),
+            ).fetchall()
+        page = [(str(a), str(b), str(c), str(d), str(e)) for a, b, c, d, e in rows]
+        return page, (page[-1][1] if len(page) == limit else None)
 
     def reuse_serial(self, serial: str, kind: str, region: str, tag: str | None, *, kind_of: str = "creature") -> None:
         """Plant a foreign object under `serial`, as a game server reusing a freed serial.
@@ -418,6 +492,7 @@ class SandboxWorld(FaultGate):
         """
         now = self.clock.now().timestamp()
         with self._transaction() as db:
+            self._wake(db)
             regions = dict(db.execute("SELECT name, weather FROM regions ORDER BY name"))
             settings = {
                 name: json.loads(value) for name, value in db.execute("SELECT name, value FROM settings ORDER BY name")
@@ -478,6 +553,7 @@ class SandboxWorld(FaultGate):
         """For each `(kind_of, serial)`: whether that object exists, and the tag it carries."""
         found: list[tuple[bool, str | None]] = []
         with self._transaction() as db:
+            self._wake(db)
             for kind_of, serial in refs:
                 table = TABLES.get(kind_of)
                 row = db.execute(f"SELECT tag FROM {table} WHERE serial = ?", (serial,)).fetchone() if table else None
