@@ -90,11 +90,7 @@ def test_one_batched_revert_per_step(harness: Harness) -> None:
     harness.run(body)
 
 
-def test_a_borrowed_value_is_restored_by_core_from_the_saved_value(harness: Harness) -> None:
-    """Core restores an override itself, writing back the value saved in the row before
-    the borrow, not whatever the setting holds at cleanup time."""
-    harness.world.set_setting("xp_rate", 1.5)
-    event = """
+XP = """
 id: xp
 duration: 1m
 phases:
@@ -104,17 +100,41 @@ phases:
         with: {lease: sandbox.xp_rate, value: 3.0}
 """
 
+
+def test_a_borrowed_value_is_restored_by_core_from_the_saved_value(harness: Harness) -> None:
+    """Core restores an override itself, writing back the value saved in the row before
+    the borrow, over the value it wrote (compare before write, DESIGN §12)."""
+    harness.world.set_setting("xp_rate", 1.5)
+
     async def body() -> None:
-        run = await harness.start(event)
-        await harness.engine.tick()
-        assert harness.world.read_setting("xp_rate") == 3.0
-        harness.world.set_setting("xp_rate", 7.0)  # someone else changed it meanwhile
+        run = await harness.start(XP)
         [run] = await harness.settle(run)
         assert (run.cleanup_status, harness.world.read_setting("xp_rate")) == ("complete", 1.5)
         [row] = await harness.resources(run)
         assert (row.owner, row.state, row.payload) == ("core", "reverted", {"saved": 1.5})
         assert run.cleanup_report is not None
-        assert run.cleanup_report["restored"] == 1
+        assert (run.cleanup_report["restored"], run.cleanup_report["left_alone"]) == (1, 0)
+
+    harness.run(body)
+
+
+def test_a_value_someone_set_meanwhile_is_left_alone_and_reported(harness: Harness) -> None:
+    """Someone sets the rate by hand while the run holds it: cleanup does not write the
+    saved value over theirs; it frees the target and reports the value it found."""
+    harness.world.set_setting("xp_rate", 1.5)
+
+    async def body() -> None:
+        run = await harness.start(XP)
+        await harness.engine.tick()
+        assert harness.world.read_setting("xp_rate") == 3.0
+        harness.world.set_setting("xp_rate", 7.0)  # someone else changed it meanwhile
+        [run] = await harness.settle(run)
+        assert (run.cleanup_status, harness.world.read_setting("xp_rate")) == ("complete", 7.0)
+        assert run.cleanup_report is not None
+        assert (run.cleanup_report["restored"], run.cleanup_report["left_alone"]) == (0, 1)
+        [finding] = run.cleanup_report["verification"]["findings"]
+        assert (finding["finding"], finding["ref"]) == ("changed", "sandbox.xp_rate")
+        assert await harness.store.leases_in_force() == []
 
     harness.run(body)
 

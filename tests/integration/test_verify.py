@@ -145,6 +145,38 @@ def test_a_reused_id_and_a_setting_changed_by_hand_are_left_alone(harness: Harne
     harness.run(body)
 
 
+def test_a_setting_changed_by_hand_during_the_event_is_not_written_over(harness: Harness) -> None:
+    """An admin sets the weather to fog while the run holds its storm: cleanup gives back
+    nothing over the fog (it restores only over the value it wrote) and says so, and the
+    expiry sweeper does the same for a lease with `for:`."""
+
+    async def body() -> None:
+        run = await harness.start(ORCS)
+        await harness.settle(run)
+        harness.world.set_weather("britain", "fog")
+        report = await harness.engine.clean_up(run.id)
+        assert (report.status, report.restored, report.left_alone) == ("complete", 0, 1)
+        assert harness.world.read_weather("britain") == "fog"
+        found = report.verification
+        assert (found["changed"], report.verdict) == (1, "verified_clean")
+        assert [f["finding"] for f in found["findings"]] == ["changed"]
+        assert await harness.store.leases_in_force() == []  # the target is free again
+
+        timed = await harness.start(
+            ORCS.replace("id: verify", "id: timed").replace("value: storm}", "value: hail, for: 1m}")
+        )
+        while harness.world.read_weather("britain") != "hail":
+            await harness.engine.tick()
+        harness.world.set_weather("britain", "snow")
+        harness.clock.advance(61)
+        await harness.engine.tick()  # the sweeper's turn
+        assert harness.world.read_weather("britain") == "snow"
+        assert await harness.store.leases_in_force() == []
+        assert (await harness.engine.clean_up(timed.id)).verification["changed"] == 1
+
+    harness.run(body)
+
+
 def test_a_setting_another_run_holds_now_is_not_taken(harness: Harness, tmp_path: Path) -> None:
     """The storm came back, but another run has borrowed the weather since and set it to
     storm too: the target is that run's, and this run's row stays reverted."""

@@ -95,7 +95,8 @@ def cleanup(
                 f"run {run_id} cleanup ",
                 styled(result.status),
                 f": {result.reverted} reverted, {result.restored} restored, {result.failed} failed in "
-                f"{result.calls} calls",
+                f"{result.calls} calls"
+                + (f"; {result.left_alone} changed since, left alone" if result.left_alone else ""),
             )
         )
         for e in result.errors:

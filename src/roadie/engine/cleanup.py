@@ -106,6 +106,7 @@ class CleanupReport:
     restored: int = 0
     failed: int = 0
     held: int = 0  # lease rows another restorer (the expiry sweeper) was giving back
+    left_alone: int = 0  # borrowed values someone set to another value since: not written over
     verdict: str = ""  # a Verdict, once the world was read back
     verification: dict[str, Any] = field(default_factory=dict)  # Verification.as_dict()
     late: list[dict[str, Any]] = field(default_factory=list)  # the run's end, its cleanup, leases: how late
@@ -416,11 +417,15 @@ class Cleanup:
                     report.held += 1  # the expiry sweeper is giving it back, and marks it itself
                     return
                 row = next(r for r in rows if r.id == call.row_ids[0])
+                written = await self.store.values_written(run_id, row.ref)
                 async with self._deadline():
-                    await leases.restore(self.registry, self.clock, row)
+                    changed = await leases.restore(self.registry, self.clock, row, written)
                 marks.reverted.extend(call.row_ids)
                 await self._record(claim, marks)
-                report.restored += 1
+                if changed is None:
+                    report.restored += 1
+                else:  # someone set it since: theirs now, and the verdict names it
+                    report.left_alone += 1
                 return
             async with self._deadline():
                 failures = await self._revert(run_id, step, call)

@@ -9,6 +9,7 @@ own borrowed value.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -87,19 +88,39 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     )
 
 
-async def restore(registry: Registry, clock: Clock, row: ResourceRow) -> None:
-    """Give a borrowed value back from the row's saved value.
+async def restore(registry: Registry, clock: Clock, row: ResourceRow, written: list[Any] | None) -> Changed | None:
+    """Give a borrowed value back from the row's saved value, only over a value the run's
+    borrows wrote (`written`, DESIGN §12): what the world shows is read first, and a value
+    someone set since (a person, by hand) is left alone. Answers None when the saved value
+    was written or is shown already, else what was found and left alone. `written` None
+    gives back without comparing.
 
     A row without a saved value was reserved but never written over: there is nothing
     to give back, and marking it reverted is right.
     """
     if not (isinstance(row.payload, dict) and "saved" in row.payload):
-        return
+        return None
     lease, target = _resolve(registry, row.ref)
     give_back = lease.restore_fn or lease.write_fn
     assert give_back is not None
     call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
-    await maybe_await(give_back(call, row.payload["saved"]))
+    saved = row.payload["saved"]
+    if written is not None:
+        shown = await maybe_await(lease.read_fn(call))
+        if shown == saved:
+            return None
+        if shown not in written:
+            log.warning("borrowed value changed since: left alone", run_id=row.run_id, ref=row.ref, shown=shown)
+            return Changed(shown)
+    await maybe_await(give_back(call, saved))
+    return None
+
+
+@dataclass(frozen=True)
+class Changed:
+    """A restore that found the world showing neither the saved value nor the borrow's."""
+
+    shown: Any
 
 
 async def sweep_expired(
@@ -126,7 +147,7 @@ async def sweep_expired(
             if budget <= 0:
                 raise TimeoutError
             async with clock.timeout(budget):
-                await restore(registry, clock, row)
+                await restore(registry, clock, row, await store.values_written(row.run_id, row.ref))
         except Exception as exc:  # the sweeper must not stop on one bad lease
             error = f"no answer within {max(budget, 0):g}s" if isinstance(exc, TimeoutError) else str(exc)
             log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=error)

@@ -30,6 +30,7 @@ from roadie.store.tables import (
     LIVE_STATES,
     run_resources,
     runs,
+    steps,
 )
 
 
@@ -59,6 +60,17 @@ class LeaseQueries(Connector):
             return saved
 
         return await self._write("save_lease_value", work)
+
+    async def values_written(self, run_id: int, ref: str) -> list[Any]:
+        """The values a run's borrows of the target `ref` asked to write: what the world
+        may show of the run's own doing (several borrows of one target share a row)."""
+        query = select(steps.c.params).where(steps.c.run_id == run_id, steps.c.lease_ref == ref)
+
+        async def work(conn: AsyncConnection) -> list[Any]:
+            return [r.params.get("value") for r in await conn.execute(query) if isinstance(r.params, dict)]
+
+        result: list[Any] = await self._read(work)
+        return result
 
     async def expired_leases(self, now: datetime, limit: int = 100) -> list[ResourceRow]:
         query = (

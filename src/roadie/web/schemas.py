@@ -176,6 +176,7 @@ class CleanupReport(Model):
     reverted: int
     restored: int
     failed: int
+    left_alone: int = Field(description="Borrowed values someone set to another value since: not written over")
     verdict: str = Field(description="verified_clean, partially_rolled_back or unverified")
     verification: dict[str, Any] = Field(
         description="What reading the world back found: counts (inspected, gone, came_back, still_there, "
