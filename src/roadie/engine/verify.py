@@ -100,8 +100,8 @@ def _message(exc: BaseException, timeout: float) -> str:
 class Verifier:
     """One cleanup's reading back of the world, under that cleanup's claim.
 
-    `deadline` bounds each call to a module, and `keep_claim` is awaited between pages
-    and calls so that the claim is pushed on before it runs out."""
+    `call_timeout` bounds each call to a module, and `keep_claim` is awaited between
+    pages and calls so that the claim is pushed on before it runs out."""
 
     def __init__(
         self,
