@@ -35,6 +35,7 @@ from roadie.states import (
     Verdict,
 )
 from roadie.store import CleanupClaim, Store, mint_token
+from roadie.store.records import LiveGroup
 from roadie.store.rows import ResourceRow, RunRow, StepRow
 
 log = structlog.get_logger(__name__)
@@ -129,6 +130,14 @@ def _late(run: RunRow, now: datetime) -> list[dict[str, Any]]:
     if automatic and run.ended_at is not None and (now - run.ended_at).total_seconds() > LATE_AFTER:
         found.append(late("cleanup", run.ended_at, now))
     return found
+
+
+def _by_module(groups: list[LiveGroup]) -> dict[str, int]:
+    """Live rows per module, all kinds together: what a module's cap is held against."""
+    totals: dict[str, int] = defaultdict(int)
+    for g in groups:
+        totals[g.owner] += g.count
+    return totals
 
 
 class Cleanup:
@@ -255,9 +264,7 @@ class Cleanup:
         the newest few, and whether the module's cap would hold the cleanup for a person."""
         await self.store.get_run(run_id)
         groups = await self.store.live_summary(run_id, member_key=member_key, newest=newest)
-        totals: dict[str, int] = defaultdict(int)
-        for g in groups:
-            totals[g.owner] += g.count
+        totals = _by_module(groups)
         return [
             PreviewGroup(
                 module=g.owner,
@@ -278,9 +285,7 @@ class Cleanup:
         return cap is not None and count > cap
 
     async def _over_caps(self, run_id: int, member_key: str | None) -> dict[str, Any]:
-        totals: dict[str, int] = defaultdict(int)
-        for g in await self.store.live_summary(run_id, member_key=member_key, newest=0):
-            totals[g.owner] += g.count
+        totals = _by_module(await self.store.live_summary(run_id, member_key=member_key, newest=0))
         return {m: {"count": n, "cap": self._cap(m)} for m, n in sorted(totals.items()) if self._over(m, n)}
 
     async def run(

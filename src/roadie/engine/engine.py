@@ -157,11 +157,7 @@ class Engine(Drain):
         await leases.sweep_expired(
             self.store, self.registry, self.clock, self.options.claim_ttl, incarnation=self.incarnation
         )
-        for run_id in await self.store.runs_due_cleanup(self.clock.now()):
-            if self._stopping.is_set() or len(self._cleanups) >= self.options.cleanups:
-                break
-            if run_id not in self._cleanups:
-                self._cleanups[run_id] = asyncio.create_task(self._auto_cleanup(run_id))
+        await self._start_due_cleanups()
         if self.notifier is not None and (self._sending is None or self._sending.done()):
             self._sending = asyncio.create_task(self._send_notifications(self.notifier))
         self._start_sweep()
@@ -178,16 +174,23 @@ class Engine(Drain):
                 self.store, self.registry, self.clock, self.options.claim_ttl, incarnation=self.incarnation
             )
             await self._advance()
-            for run_id in await self.store.runs_due_cleanup(self.clock.now()):
-                if self._stopping.is_set():
-                    break
-                if run_id not in self._cleanups:
-                    self._cleanups[run_id] = asyncio.create_task(self._auto_cleanup(run_id))
-                if len(self._cleanups) >= self.options.cleanups:
-                    await self.cleanups_done()
+            await self._start_due_cleanups(wait=True)
             await self.cleanups_done()
         except StoreError as exc:  # the loop's first tick tries again
             log.warning("catching up failed", error=exc.message)
+
+    async def _start_due_cleanups(self, *, wait: bool = False) -> None:
+        """Start the due cleanups as tasks, up to `cleanups` at once: the rest are left for
+        the next tick, or, with `wait`, started as room is made."""
+        for run_id in await self.store.runs_due_cleanup(self.clock.now()):
+            if self._stopping.is_set():
+                return
+            if len(self._cleanups) >= self.options.cleanups:
+                if not wait:
+                    return
+                await self.cleanups_done()
+            if run_id not in self._cleanups:
+                self._cleanups[run_id] = asyncio.create_task(self._auto_cleanup(run_id))
 
     def _start_sweep(self) -> None:
         """The periodic orphan sweep, as a task beside the drain, every `sweep_interval`

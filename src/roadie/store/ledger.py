@@ -197,13 +197,16 @@ class LedgerQueries(Connector):
         async def work(conn: AsyncConnection) -> list[LiveGroup]:
             groups = []
             for owner, kind, n in (await conn.execute(counted)).all():
-                rows = await conn.execute(
-                    select(run_resources)
-                    .where(*live, run_resources.c.owner == owner, run_resources.c.kind == kind)
-                    .order_by(run_resources.c.id.desc())
-                    .limit(newest)
-                )
-                groups.append(LiveGroup(owner, kind, int(n), [from_row(ResourceRow, r) for r in rows]))
+                rows: list[ResourceRow] = []
+                if newest:  # the counts alone (a cap's check) read no row
+                    query = (
+                        select(run_resources)
+                        .where(*live, run_resources.c.owner == owner, run_resources.c.kind == kind)
+                        .order_by(run_resources.c.id.desc())
+                        .limit(newest)
+                    )
+                    rows = [from_row(ResourceRow, r) for r in await conn.execute(query)]
+                groups.append(LiveGroup(owner, kind, int(n), rows))
             return groups
 
         result: list[LiveGroup] = await self._read(work)

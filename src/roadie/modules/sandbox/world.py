@@ -215,12 +215,11 @@ class SandboxWorld(FaultGate):
     # -- reverts -----------------------------------------------------------------------
 
     def _remove(self, db: sqlite3.Connection, kind_of: str, serial: str, key: str) -> bool:
-        table = TABLES[kind_of]
-        if db.execute(f"SELECT 1 FROM {table} WHERE serial = ? AND tag = ?", (serial, key)).fetchone() is None:
-            return False
-        db.execute(f"DELETE FROM {table} WHERE serial = ?", (serial,))
-        self._effect(db, key, "remove", kind_of, serial)
-        return True
+        cursor = db.execute(f"DELETE FROM {TABLES[kind_of]} WHERE serial = ? AND tag = ?", (serial, key))
+        if cursor.rowcount:
+            self._effect(db, key, "remove", kind_of, serial)
+            return True
+        return False
 
     def _schedule_respawn(self, db: sqlite3.Connection, kind: str, region: str, tag: str | None) -> None:
         """A tagged creature of a kind with a respawn timer that is killed comes back,
