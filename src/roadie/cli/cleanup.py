@@ -30,7 +30,9 @@ from roadie.states import CleanupStatus
 
 def cleanup(
     run_id: int = typer.Argument(..., metavar="RUN"),
-    plan: bool = typer.Option(False, "--plan", help="List what cleanup would call, and call nothing."),
+    plan: bool = typer.Option(
+        False, "--plan", help="Show what cleanup would take down, by module and kind, and its calls; call nothing."
+    ),
     member: str | None = typer.Option(None, "--member", help="Only the resources of this memberKey."),
     again: bool = typer.Option(False, "--again", help="Clean up again after 'incomplete' or 'complete'."),
     verify: bool = typer.Option(
