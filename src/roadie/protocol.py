@@ -218,6 +218,7 @@ class ActionSpec(_Body):
 class LeaseSpec(_Body):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     targeted: bool = False
+    stacks: bool = Field(False, description="several runs may borrow it at once, each a layer with a priority")
     description: str = ""
 
 

@@ -100,6 +100,10 @@ class ResourceState(StrEnum):
 
 STEP_KIND = "@step"
 OVERRIDE_KIND = "override"
+# A run's layer of a lease that stacks: its ref is the borrowing step's key, so each run
+# holds its own layer of one target; its payload names the lease.
+LAYER_KIND = "@layer"
+LEASE_KINDS = (OVERRIDE_KIND, LAYER_KIND)
 # Core's own wait has nothing in the world to finish: cancelling its run cuts it short.
 WAIT_ACTION = "core.wait"
 

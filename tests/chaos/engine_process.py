@@ -71,6 +71,10 @@ phases:
         name: double xp
         with: {lease: sandbox.xp_rate, value: 2.0, for: 5s}
         retry: {attempts: 10, backoff: 1s}
+      - action: core.lease
+        name: banner
+        with: {lease: sandbox.motd, value: "storm over {{ region }}", priority: 3}
+        retry: {attempts: 10, backoff: 1s}
   - name: loot
     after: 10s
     steps:

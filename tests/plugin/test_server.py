@@ -35,9 +35,10 @@ def test_manifest_lists_actions_schemas_leases_and_inspect(tmp_path: Path) -> No
             assert actions["buff"].reversible == "self"
             assert set(actions["spawn"].params["properties"]) == {"kind", "region", "count"}
             assert actions["spawn"].params["required"] == ["kind", "region"]
-            assert {(lease.name, lease.targeted) for lease in manifest.leases} == {
-                ("weather", True),
-                ("xp_rate", False),
+            assert {(lease.name, lease.targeted, lease.stacks) for lease in manifest.leases} == {
+                ("weather", True, False),
+                ("xp_rate", False, False),
+                ("motd", False, True),
             }
             assert manifest.inspect is True
 

@@ -345,3 +345,43 @@ phases:
             assert world_state(server.world) == before
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
+def test_a_lease_that_stacks_is_layered_over_the_protocol(tmp_path: Path, pull: bool) -> None:
+    """The server's manifest says `sandbox.motd` stacks: two runs each hold a layer of it,
+    the world shows the higher one, and each run's cleanup pops its own layer."""
+    gateway_port = free_port()
+    server = SandboxServer(tmp_path, pull=f"http://127.0.0.1:{gateway_port}" if pull else None)
+
+    def banner(event_id: str, text: str, priority: int) -> str:
+        return (
+            f"id: {event_id}\ncleanup: manual\nphases:\n  - name: only\n    steps:\n      - action: core.lease\n"
+            f"        name: banner\n        with: {{lease: sandbox.motd, value: {text}, priority: {priority}}}\n"
+        )
+
+    async def body() -> None:
+        async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
+            store, engine = remote.store, remote.engine
+            assert engine.registry.lease("sandbox.motd").stacks
+
+            def motd() -> Any:
+                return world_state(server.world)["settings"]["motd"]
+
+            runs = []
+            for event_id, text, priority in (("low", "fishing", 1), ("high", "invasion", 9)):
+                definition = load_definition(banner(event_id, text, priority), f"{event_id}.yaml", engine.registry)
+                event = await store.create_event_version(
+                    definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), "", "t",
+                    engine.clock.now(),
+                )  # fmt: skip
+                [run] = await engine.settle([(await engine.start_run(event, {})).id])
+                assert run.status == "succeeded", run.error
+                runs.append(run.id)
+            assert motd() == "invasion"
+            assert (await engine.clean_up(runs[1])).verdict == "verified_clean"
+            assert motd() == "fishing"
+            assert (await engine.clean_up(runs[0])).verdict == "verified_clean"
+            assert motd() == ""
+
+    asyncio.run(body())

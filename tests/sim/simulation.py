@@ -58,6 +58,7 @@ phases:
   - name: omens
     steps:
       - {action: core.lease, name: dial, with: {lease: sim.dial, value: "{{ tag }}", for: 30s}, on_error: continue}
+      - {action: core.lease, name: banner, with: {lease: sim.banner, value: "raid {{ tag }}", priority: 5, for: 25s}}
       - {action: sim.make, name: wave, with: {count: 2, late: 1}, retry: {attempts: 4, backoff: 1s}}
   - name: second
     after: 5s
@@ -77,6 +78,7 @@ phases:
       - {action: core.lease, name: south, with: {lease: sim.flag, target: south, value: "{{ tag }}", for: 20s}}
       - {action: sim.make, name: rams, with: {count: 2}, retry: {attempts: 3, backoff: 1s}}
       - {action: core.lease, name: north, with: {lease: sim.flag, target: north, value: "{{ tag }}"}}
+      - {action: core.lease, name: banner, with: {lease: sim.banner, value: "siege {{ tag }}", priority: 9}}
   - name: aftermath
     after: 15s
     steps:
@@ -538,6 +540,11 @@ class Simulation:
             await self.act(f"release {p.label}", self.releaser(p))
             return False
         if self.gates.running():
+            # Nobody is at a gate, and some are still running: they wait on the clock
+            # (a change waiting for a lease's stack), and time must pass for them.
+            deadline = self.clock.next_deadline()
+            if deadline is not None:
+                await self.act("clock to the next sleeper", lambda: self.clock.set(deadline))
             return False
         for key in sorted((k for k, n in self.world.summons.items() if n > 0), key=step_of):
             await self.act(f"late {step_of(key)}", lambda k=key: self.late(k))

@@ -13,7 +13,8 @@ checked against it after every scheduler step. Its actions:
   wrote the dial itself would change the world behind core's back, which no ledger can
   undo, so this one only reports.)
 - leases `sim.dial` and `sim.flag#<target>`: read, write, restore; a restore checks whose
-  value it writes over.
+  value it writes over. `sim.banner` stacks: every run may hold a layer of it, and only
+  the end (the world back to its start) says whether its layers were given back right.
 
 A summoned (`late`) object is reported afterwards through `record_late_resources`, as
 the gateway takes a game server's report.
@@ -35,7 +36,8 @@ from roadie.registry import Answer, Call, LeaseCall, Module, ModuleConfig, Rever
 from roadie.states import Reversible
 
 Gate = Callable[[str], Awaitable[None]]
-INITIAL_SETTINGS = {"sim.dial": "initial", "sim.flag#north": "calm", "sim.flag#south": "calm"}
+INITIAL_SETTINGS = {"sim.dial": "initial", "sim.flag#north": "calm", "sim.flag#south": "calm", "sim.banner": "welcome"}
+STACKED = frozenset({"sim.banner"})  # several runs write these at once, each a layer
 
 
 def step_of(key: str | None) -> str:
@@ -134,7 +136,7 @@ class SimWorld:
         self.problems.append(("b?", f"{ref} {self.actor()}"))
 
     def write_setting(self, target: str, value: Any, writer: Writer) -> None:
-        last = self.writers.get(target)
+        last = None if target in STACKED else self.writers.get(target)
         if writer.how == "restore":
             if last is not None and last.how != "restore" and last.run_id != writer.run_id:
                 self.problems.append(
@@ -224,11 +226,11 @@ def sim_module(world: SimWorld) -> Module:
     make.revert(unmake)
     override.revert(unmake)
 
-    def lease_fns(name: str, targeted: bool) -> None:
+    def lease_fns(name: str, targeted: bool, stacks: bool = False) -> None:
         def target_of(call: LeaseCall) -> str:
             return f"sim.{name}#{call.target}" if targeted else f"sim.{name}"
 
-        @sim.lease(name, targeted=targeted)
+        @sim.lease(name, targeted=targeted, stacks=stacks)
         async def read(call: LeaseCall) -> Any:
             await world.gate(f"read {target_of(call)} {step_of(call.idempotency_key)}")
             return world.settings[target_of(call)]
@@ -249,4 +251,5 @@ def sim_module(world: SimWorld) -> Module:
 
     lease_fns("dial", False)
     lease_fns("flag", True)
+    lease_fns("banner", False, stacks=True)
     return sim

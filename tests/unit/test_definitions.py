@@ -514,7 +514,7 @@ def test_render_validates_and_fills_defaults_keeping_aliases(registry: Registry)
     result = frozen(registry, {"rate": 1.5})
     spawn, lease = result.phases[1].steps
     assert spawn.params == {"creature": "sheep", "count": 3, "region": "britain", "tags": []}
-    assert lease.params == {"lease": "world.xp_rate", "target": None, "value": 1.5, "for": 3600.0}
+    assert lease.params == {"lease": "world.xp_rate", "target": None, "value": 1.5, "for": 3600.0, "priority": None}
     assert result.phases[0].steps[0].params["level"] == "info"
 
 

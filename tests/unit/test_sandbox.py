@@ -131,7 +131,7 @@ def test_a_new_file_is_seeded_once(tmp_path: Path, clock: FakeClock) -> None:
     with open_world(path, clock) as world:
         snap = world.snapshot()
         assert snap["regions"] == dict.fromkeys(["britain", "minoc", "moonglow", "trinsic", "yew"], "clear")
-        assert snap["settings"] == {"xp_rate": 1.0}
+        assert snap["settings"] == {"xp_rate": 1.0, "motd": ""}
         assert snap["creatures"] == snap["items"] == {}
         assert snap["buffs"] == []
         world.set_weather("yew", "fog")

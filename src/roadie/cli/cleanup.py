@@ -23,9 +23,10 @@ from roadie.cli.common import (
     styled,
 )
 from roadie.engine.cleanup import PreviewGroup
+from roadie.engine.leases import stack_ref
 from roadie.engine.verify import LISTED
 from roadie.runtime import Context
-from roadie.states import CleanupStatus
+from roadie.states import LAYER_KIND, CleanupStatus
 
 
 def cleanup(
@@ -237,10 +238,15 @@ def leases(
     if as_json:
         print_json([asdict(r) for r in rows])
         return
-    table = Table("target", "run", "state", "saved value", "until")
+    table = Table("target", "run", "state", "saved value", "layer", "until")
     for r in rows:
-        saved = json.dumps(r.payload.get("saved")) if isinstance(r.payload, dict) else ""
-        table.add_row(r.ref, str(r.run_id), styled(r.state), saved, r.until.isoformat() if r.until else "cleanup")
+        payload = r.payload if isinstance(r.payload, dict) else {}
+        saved = json.dumps(payload["saved"]) if "saved" in payload else ""
+        layer = ""
+        if r.kind == LAYER_KIND:
+            layer = f"priority {payload.get('priority')}: {json.dumps(payload.get('value'))}"
+        until = r.until.isoformat() if r.until else "cleanup"
+        table.add_row(stack_ref(r), str(r.run_id), styled(r.state), saved, layer, until)
     console.print(table if rows else "no leases in force")
 
 

@@ -40,7 +40,7 @@ def world_table(columns: dict[str, dict[str, Any]], *, title: str) -> Table:
 
 def _summary(snapshot: dict[str, Any]) -> dict[str, str]:
     rows = {f"weather · {name}": weather for name, weather in snapshot["regions"].items()}
-    rows.update({f"setting · {name}": str(value) for name, value in snapshot["settings"].items()})
+    rows.update({f"setting · {name}": str(value) or "(empty)" for name, value in snapshot["settings"].items()})
     for group in ("creatures", "items"):
         kinds: dict[str, int] = {}
         for obj in snapshot[group].values():

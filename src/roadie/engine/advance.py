@@ -111,7 +111,8 @@ class Advance(EngineState):
         new_steps = []
         for step in phase.steps:
             action = self.registry.action(step.action)
-            lease_ref = leases.lease_ref(self.registry, step.params) if action.borrows else None
+            params = leases.borrow_params(self.registry, step.params) if action.borrows else step.params
+            lease_ref = leases.lease_ref(self.registry, params) if action.borrows else None
             new_steps.append(
                 NewStep(
                     phase=step.phase,
@@ -121,7 +122,7 @@ class Advance(EngineState):
                     owner=action.owner,
                     reversible=action.reversible,
                     lease_ref=lease_ref,
-                    params=step.params,
+                    params=params,
                     # Minted once, here, and never changed by a retry (DESIGN §1).
                     idempotency_key=f"{run.nonce}-{run.id}-{step.phase}-{step.seq}",
                     max_attempts=step.retry.attempts,

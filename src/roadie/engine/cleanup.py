@@ -26,6 +26,8 @@ from roadie.errors import ClaimLost, InvalidState, RoadieError, StoreError, Unkn
 from roadie.registry import Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
 from roadie.states import (
+    LAYER_KIND,
+    LEASE_KINDS,
     OVERRIDE_KIND,
     STEP_KIND,
     CleanupPolicy,
@@ -74,6 +76,9 @@ def describe(kind: str, ref: str, payload: Any) -> str:
     if kind == OVERRIDE_KIND:
         saved = payload.get("saved") if isinstance(payload, dict) else None
         return f"{ref}, back to {saved!r}" if isinstance(payload, dict) and "saved" in payload else ref
+    if kind == LAYER_KIND and isinstance(payload, dict):
+        layer = f"{payload.get('lease')}: the layer of priority {payload.get('priority')}"
+        return f"{layer} showing {payload['value']!r}" if "value" in payload else layer
     if kind == STEP_KIND:
         return "whatever its key made (its answer never arrived)"
     if isinstance(payload, dict):
@@ -207,7 +212,7 @@ class Cleanup:
         action = step.action if step else "(unknown)"
         key = step.idempotency_key if step else ""
         calls: list[PlannedCall] = []
-        ledgered = [r for r in rows if r.kind not in (STEP_KIND, OVERRIDE_KIND)]
+        ledgered = [r for r in rows if r.kind != STEP_KIND and r.kind not in LEASE_KINDS]
         for start in range(0, len(ledgered), REVERT_BATCH):
             part = ledgered[start : start + REVERT_BATCH]
             calls.append(
@@ -236,7 +241,7 @@ class Cleanup:
                 )
             )
         for r in rows:
-            if r.kind == OVERRIDE_KIND:
+            if r.kind in LEASE_KINDS:
                 calls.append(
                     PlannedCall(
                         "restore",
@@ -422,9 +427,11 @@ class Cleanup:
                     report.held += 1  # the expiry sweeper is giving it back, and marks it itself
                     return
                 row = next(r for r in rows if r.id == call.row_ids[0])
-                written = await self.store.values_written(run_id, row.ref)
+                written = None if row.kind == LAYER_KIND else await self.store.values_written(run_id, row.ref)
                 async with self._deadline():
-                    changed = await leases.restore(self.registry, self.clock, row, written)
+                    changed = await leases.restore(
+                        self.store, self.registry, self.clock, row, written, self.call_timeout
+                    )
                 marks.reverted.extend(call.row_ids)
                 await self._record(claim, marks)
                 if changed is None:

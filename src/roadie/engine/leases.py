@@ -9,6 +9,7 @@ own borrowed value.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,12 +17,13 @@ from typing import Any
 import structlog
 
 from roadie.clock import Clock
-from roadie.errors import ClaimLost, PermanentError
+from roadie.errors import ClaimLost, PermanentError, RetryableError
 from roadie.registry import LeaseCall, Registry
 from roadie.registry.module import Lease, maybe_await
-from roadie.states import StepStatus
+from roadie.states import LAYER_KIND, StepStatus
 from roadie.store import Outcome, Store, mint_token
 from roadie.store.rows import ResourceRow, StepRow
+from roadie.store.stacks import Layer, Stack
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +37,18 @@ def lease_ref(registry: Registry, params: dict[str, Any]) -> str:
     if not lease.targeted and target is not None:
         raise PermanentError(f"lease {lease.id} takes no target")
     return lease.ref(None if target is None else str(target))
+
+
+def borrow_params(registry: Registry, params: dict[str, Any]) -> dict[str, Any]:
+    """A `core.lease` step's params as its step keeps them: a borrow of a lease that stacks
+    always names its layer's priority (0 unless given), which is how the ledger knows it
+    is a layer; a priority for a lease that does not stack is refused."""
+    lease = registry.lease(str(params["lease"]))
+    if lease.stacks:
+        return {**params, "priority": params.get("priority") or 0}
+    if params.get("priority") is not None:
+        raise PermanentError(f"lease {lease.id} does not stack: a priority is only for a lease that stacks")
+    return params
 
 
 def _resolve(registry: Registry, ref: str) -> tuple[Lease, str | None]:
@@ -69,6 +83,8 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     lease, target = _resolve(registry, step.lease_ref)
     row = await store.get_resource(reserved_id)
     call = lease_call(registry, lease, target, clock, key=step.idempotency_key, run_id=step.run_id)
+    if step.layered:
+        return await _push(store, lease, call, step, row, clock)
     if isinstance(row.payload, dict) and "saved" in row.payload:
         saved = row.payload["saved"]
     else:
@@ -88,16 +104,21 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     )
 
 
-async def restore(registry: Registry, clock: Clock, row: ResourceRow, written: list[Any] | None) -> Changed | None:
+async def restore(
+    store: Store, registry: Registry, clock: Clock, row: ResourceRow, written: list[Any] | None, deadline: float
+) -> Changed | None:
     """Give a borrowed value back from the row's saved value, only over a value the run's
     borrows wrote (`written`, DESIGN §12): what the world shows is read first, and a value
     someone set since (a person, by hand) is left alone. Answers None when the saved value
     was written or is shown already, else what was found and left alone. `written` None
-    gives back without comparing.
+    gives back without comparing. A layer of a lease that stacks is popped instead, its
+    stack held for a few times `deadline`, the time the caller gives each call.
 
     A row without a saved value was reserved but never written over: there is nothing
     to give back, and marking it reverted is right.
     """
+    if row.kind == LAYER_KIND:
+        return await _pop(store, registry, clock, row, deadline)
     if not (isinstance(row.payload, dict) and "saved" in row.payload):
         return None
     lease, target = _resolve(registry, row.ref)
@@ -147,7 +168,8 @@ async def sweep_expired(
             if budget <= 0:
                 raise TimeoutError
             async with clock.timeout(budget):
-                await restore(registry, clock, row, await store.values_written(row.run_id, row.ref))
+                written = None if row.kind == LAYER_KIND else await store.values_written(row.run_id, row.ref)
+                await restore(store, registry, clock, row, written, budget)
         except Exception as exc:  # the sweeper must not stop on one bad lease
             error = f"no answer within {max(budget, 0):g}s" if isinstance(exc, TimeoutError) else str(exc)
             log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=error)
@@ -161,3 +183,136 @@ async def sweep_expired(
         log.info("lease expired and restored", run_id=row.run_id, ref=row.ref)
         restored += 1
     return restored
+
+
+# -- leases that stack -------------------------------------------------------------------
+# The stack of a target is changed by one owner at a time (its claim): what the world
+# should show is worked out from the layers, what is about to be written is kept, the
+# world is written, and what it shows is kept. A change that dies half way is finished by
+# the next, which finds the world showing a value Roadie wrote (DESIGN §11, §12).
+
+STACK_CLAIM_FACTOR = 3  # a stack's claim lasts this many of its changer's call deadlines
+
+
+class StackBusy(RetryableError):
+    """Another run is changing what the world shows of this lease: try again shortly."""
+
+
+def stack_ref(row: ResourceRow) -> str:
+    """The lease target a lease row gives back: its ref, or for a `@layer` row the target
+    it is a layer of."""
+    if row.kind == LAYER_KIND and isinstance(row.payload, dict):
+        return str(row.payload["lease"])
+    return row.ref
+
+
+async def _claim_stack(store: Store, ref: str, clock: Clock, ttl: float, patience: float) -> Stack:
+    """Take the stack of `ref` for `ttl` seconds; while another holds it (two runs ending
+    at once), wait for it up to `patience` seconds, then `StackBusy`."""
+    token = mint_token("stack")
+    waited, pause = 0.0, 0.02
+    while True:
+        stack = await store.claim_stack(ref, token, clock.now(), ttl)
+        if stack is not None:
+            return stack
+        if waited >= patience:
+            raise StackBusy(f"{ref} is being changed by another run", next_retry_delay=1.0)
+        await clock.sleep(pause)
+        waited += pause
+        pause = min(pause * 2, 1.0)
+
+
+async def _push(store: Store, lease: Lease, call: LeaseCall, step: StepRow, row: ResourceRow, clock: Clock) -> Outcome:
+    """Put the step's layer in, and make the world show the top layer."""
+    assert step.lease_ref is not None
+    assert lease.write_fn is not None
+    # The claim outlives the step's calls, but not the step's own claim: a worker that dies
+    # mid-change leaves the stack to whoever takes its step over.
+    left = (step.claim_expires - clock.now()).total_seconds() if step.claim_expires else 0.0
+    ttl = max(step.timeout, min(step.timeout * STACK_CLAIM_FACTOR, left))
+    stack = await _claim_stack(store, step.lease_ref, clock, ttl, step.timeout / 2)
+    try:
+        if stack.exclusive is not None:
+            raise PermanentError(f"{step.lease_ref} is already held by run {stack.exclusive} (not as a layer)")
+        mine = Layer(
+            row.id, row.run_id, int(step.params["priority"]), {**(row.payload or {}), "value": step.params["value"]}
+        )
+        base = None
+        if not any(x.in_effect for x in stack.layers):
+            # The first layer (or the first again, after the stack emptied): what the world
+            # shows now is what comes back when the last layer goes, unless it shows what
+            # Roadie wrote (a change that died half way): then the base stays. A retry of
+            # this step finds its own layer in effect and does not read again.
+            seen = await maybe_await(lease.read_fn(call))
+            base = stack.base if stack.base is not None and seen in stack.ours() else (seen,)
+        top = stack.top(adding=mine) if base is None else (step.params["value"],)
+        # Written when this layer is on top, or when a change died before the world showed
+        # what it was to (its `writing` is kept): then the top is written again.
+        writes = top == (step.params["value"],) or stack.writing is not None
+        await store.change_stack(
+            stack, clock.now(), layer=row.id, payload=mine.payload, writing=top if writes else None, base=base
+        )
+        if writes and top is not None:
+            await maybe_await(lease.write_fn(call, top[0]))
+        await store.settle_stack(stack, clock.now(), shown=top if writes else None)
+    except asyncio.CancelledError:
+        raise  # a call cut short may land yet: the claim runs out, it is not let go
+    except Exception:
+        await store.release_stack(stack)
+        raise
+    now = clock.now()
+    hold = step.params.get("for")
+    return Outcome(
+        step=step,
+        status=StepStatus.SUCCEEDED,
+        at=now,
+        output={
+            "lease": step.lease_ref,
+            "priority": mine.priority,
+            "value": step.params["value"],
+            "shown": top[0] if top else None,
+        },
+        confirm_lease=True,
+        lease_until=now + timedelta(seconds=float(hold)) if hold else None,
+    )
+
+
+async def _pop(store: Store, registry: Registry, clock: Clock, row: ResourceRow, deadline: float) -> Changed | None:
+    """Take a run's layer out, wherever it sits, and make the world show what is on top
+    now: the next layer, or the value from before the first once none is left. Only over
+    a value Roadie wrote: one set by hand meanwhile is left alone, and answered."""
+    ref = stack_ref(row)
+    lease, target = _resolve(registry, ref)
+    give_back = lease.restore_fn or lease.write_fn
+    assert give_back is not None
+    stack = await _claim_stack(store, ref, clock, deadline * STACK_CLAIM_FACTOR, deadline / 2)
+    try:
+        mine = stack.layer(row.id)
+        payload = {**(mine.payload if mine else row.payload or {}), "popped": True}
+        top = stack.top(without=row.id)
+        if top is None or "value" not in payload:
+            # Reserved and never put in (its borrow never got that far): the world shows
+            # nothing of it.
+            await store.change_stack(stack, clock.now(), layer=row.id, payload=payload, writing=None)
+            await store.settle_stack(stack, clock.now(), shown=None)
+            return None
+        call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
+        shown = await maybe_await(lease.read_fn(call))
+        changed = None
+        writes = False
+        if shown != top[0]:
+            if shown in stack.ours():
+                writes = True
+            else:
+                log.warning("stacked value changed since: left alone", run_id=row.run_id, ref=ref, shown=shown)
+                changed = Changed(shown)
+        await store.change_stack(stack, clock.now(), layer=row.id, payload=payload, writing=top if writes else None)
+        if writes:
+            await maybe_await(give_back(call, top[0]))
+        await store.settle_stack(stack, clock.now(), shown=None if changed else top)
+        return changed
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        await store.release_stack(stack)
+        raise

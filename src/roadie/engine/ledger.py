@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from roadie.registry import Answer, Registry
-from roadie.states import OVERRIDE_KIND, STEP_KIND
+from roadie.states import LEASE_KINDS, STEP_KIND
 from roadie.store import NewResource
 
 MAX_KIND = 64
@@ -46,7 +46,7 @@ def normalise(entry: Any, action_id: str, registry: Registry) -> NewResource | s
     ref = "" if raw_ref is None else str(raw_ref)
     if not kind or len(kind) > MAX_KIND:
         return f"{action_id} reported a resource with a bad kind {raw_kind!r:.80}"
-    if kind in (STEP_KIND, OVERRIDE_KIND):
+    if kind in (STEP_KIND, *LEASE_KINDS):
         # Core's own. A module that could write a placeholder could make its step's look
         # resolved; one that could write an override would hold a lease target under its
         # own name, beside core's row for it, with no saved value to give back.

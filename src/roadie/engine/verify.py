@@ -16,11 +16,11 @@ from typing import Any
 import structlog
 
 from roadie.clock import Clock
-from roadie.engine.leases import lease_call
+from roadie.engine.leases import lease_call, stack_ref
 from roadie.errors import RoadieError, UnknownAction
 from roadie.registry import InspectCall, Inspected, Registry, Resource
 from roadie.registry.module import maybe_await
-from roadie.states import OVERRIDE_KIND, STEP_KIND, Verdict
+from roadie.states import LAYER_KIND, LEASE_KINDS, STEP_KIND, Verdict
 from roadie.store import CleanupClaim, Store
 from roadie.store.rows import ResourceRow, StepRow
 
@@ -57,7 +57,7 @@ class Verification:
     def note(self, finding: str, row: ResourceRow, step: StepRow | None, detail: str | None = None) -> None:
         if len(self.findings) < LISTED:
             entry = {"finding": finding, "resource": row.id, "step": step.name if step else None}
-            entry.update(kind=row.kind, ref=row.ref)
+            entry.update(kind=row.kind, ref=stack_ref(row))  # a layer: the lease it is a layer of
             if detail:
                 entry["detail"] = detail
             self.findings.append(entry)
@@ -151,18 +151,18 @@ class Verifier:
     async def _step(self, step: StepRow | None, rows: list[ResourceRow], found: Verification) -> list[ResourceRow]:
         """Inspect one step's rows; answer those that are back in the world."""
         back: list[ResourceRow] = []
-        resources = [r for r in rows if r.kind not in (STEP_KIND, OVERRIDE_KIND)]
+        resources = [r for r in rows if r.kind != STEP_KIND and r.kind not in LEASE_KINDS]
         for row in rows:
             if row.kind == STEP_KIND:
                 # Its answer never arrived: the module reverted by key, and only it knows what
                 # that key made, so there is nothing to name in an inspect.
                 found.unverifiable += 1
                 found.note("unverifiable", row, step, "reverted by key: its answer never arrived")
-            elif row.kind == OVERRIDE_KIND:
+            elif row.kind in LEASE_KINDS:
                 if row.until is not None and row.reverted_at is not None and len(found.late) < LISTED:
                     by = (row.reverted_at - row.until).total_seconds()
                     if by > LATE_AFTER:
-                        found.late.append(late("lease " + row.ref, row.until, row.reverted_at))
+                        found.late.append(late("lease " + stack_ref(row), row.until, row.reverted_at))
                 if await self._lease_back(row, step, found):
                     back.append(row)
         if resources:
@@ -219,13 +219,19 @@ class Verifier:
         return back
 
     async def _lease_back(self, row: ResourceRow, step: StepRow | None, found: Verification) -> bool:
-        """Read a restored setting: True when the world shows what the run wrote again."""
-        if not (isinstance(row.payload, dict) and "saved" in row.payload):
+        """Read a restored setting: True when the world shows what the run wrote again.
+        A popped layer should leave the world showing what its stack shows now."""
+        layer = row.kind == LAYER_KIND
+        if not (isinstance(row.payload, dict) and ("value" if layer else "saved") in row.payload):
             return False  # reserved, never written over: there was nothing to give back
-        found_lease = self.registry.lease_for_ref(row.ref)
+        ref = stack_ref(row)
+        expected = await self.store.stack_shows(ref) if layer else (row.payload["saved"],)
+        if expected is None:
+            return False
+        found_lease = self.registry.lease_for_ref(ref)
         if found_lease is None:
             found.not_inspected += 1
-            found.note("not_inspected", row, step, f"no module registers the lease {row.ref!r}")
+            found.note("not_inspected", row, step, f"no module registers the lease {ref!r}")
             return False
         lease, target = found_lease
         call = lease_call(self.registry, lease, target, self.clock, key=None, run_id=row.run_id)
@@ -238,10 +244,10 @@ class Verifier:
             found.note("not_inspected", row, step, message)
             return False
         found.inspected += 1
-        if value == row.payload["saved"]:
+        if value == expected[0]:
             found.gone += 1
             return False
-        if value in await self.store.values_written(row.run_id, row.ref):
+        if value in ([row.payload["value"]] if layer else await self.store.values_written(row.run_id, row.ref)):
             return True
         # Neither what was saved nor what the run wrote: a person, or another run that has
         # borrowed it since, set it. Not the run's to take back.

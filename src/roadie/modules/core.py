@@ -26,6 +26,12 @@ class LeaseParams(BaseModel):
     target: str | None = Field(None, description="for a targeted lease, what it applies to")
     value: Any = Field(description="the value to set while the lease is held")
     for_: Duration | None = Field(None, alias="for", description="give it back after this long")
+    priority: int | None = Field(
+        None,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="for a lease that stacks: this layer's place (the highest is shown; ties go to the later borrow)",
+    )
 
 
 class WaitParams(BaseModel):

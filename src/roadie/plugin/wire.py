@@ -109,7 +109,7 @@ def build_manifest(module: Module) -> protocol.Manifest:
             )
         )
     leases = [
-        protocol.LeaseSpec(name=lease.name, targeted=lease.targeted, description=lease.description)
+        protocol.LeaseSpec(name=lease.name, targeted=lease.targeted, stacks=lease.stacks, description=lease.description)
         for lease in module.leases.values()
     ]
     return protocol.Manifest(

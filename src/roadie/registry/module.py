@@ -224,13 +224,21 @@ class Action:
 
 
 class Lease:
-    """A world setting that can be borrowed and given back: `read` it, `write` it."""
+    """A world setting that can be borrowed and given back: `read` it, `write` it.
 
-    def __init__(self, module: Module, name: str, read: LeaseReadFn, *, targeted: bool, description: str) -> None:
+    A lease that `stacks` may be borrowed by several runs at once: each borrow is a layer
+    with a priority, the world shows the top one, and the value from before the first
+    comes back when the last is given back. Otherwise one run at a time holds it.
+    """
+
+    def __init__(
+        self, module: Module, name: str, read: LeaseReadFn, *, targeted: bool, description: str, stacks: bool = False
+    ) -> None:
         self.module = module
         self.name = name
         self.read_fn = read
         self.targeted = targeted
+        self.stacks = stacks
         self.description = description
         self.write_fn: LeaseWriteFn | None = None
         self.restore_fn: LeaseWriteFn | None = None
@@ -252,7 +260,7 @@ class Lease:
         return f"{self.id}#{target}" if target is not None else self.id
 
     def __repr__(self) -> str:
-        return f"<Lease {self.id} targeted={self.targeted}>"
+        return f"<Lease {self.id} targeted={self.targeted} stacks={self.stacks}>"
 
 
 class Module:
@@ -310,8 +318,11 @@ class Module:
 
         return register
 
-    def lease(self, name: str, *, targeted: bool = False, description: str = "") -> Callable[[LeaseReadFn], Lease]:
-        """Register a lease by its read function; add its writer with `@lease.write`."""
+    def lease(
+        self, name: str, *, targeted: bool = False, stacks: bool = False, description: str = ""
+    ) -> Callable[[LeaseReadFn], Lease]:
+        """Register a lease by its read function; add its writer with `@lease.write`.
+        `stacks=True` lets several runs borrow it at once, each a layer with a priority."""
         if not _NAME.match(name):
             raise RegistryError(f"lease name {name!r} must be lowercase letters, digits and _")
 
@@ -321,6 +332,7 @@ class Module:
                 name,
                 fn,
                 targeted=targeted,
+                stacks=stacks,
                 description=description or (inspect.getdoc(fn) or "").split("\n")[0],
             )
             self.leases[name] = lease

@@ -334,7 +334,7 @@ class RemoteModule:
         async def restore(call: LeaseCall, value: Any) -> None:
             await self._side_call("lease.restore", body(call, value), call.idempotency_key or protocol.NO_KEY)
 
-        lease = module.lease(name, targeted=spec.targeted, description=spec.description)(read)
+        lease = module.lease(name, targeted=spec.targeted, stacks=spec.stacks, description=spec.description)(read)
         lease.write(apply)
         lease.restore(restore)
 

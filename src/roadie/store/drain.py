@@ -19,6 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
 from roadie.states import (
+    LAYER_KIND,
+    LEASE_KINDS,
     OVERRIDE_KIND,
     STEP_KIND,
     ResourceState,
@@ -119,6 +121,10 @@ class DrainQueries(Connector):
             if s.reversible == Reversible.LEDGER.value:
                 target = (s.owner, STEP_KIND, s.idempotency_key)
                 payload: Any = {"action": s.action, "phase": s.phase, "seq": s.seq}
+            elif s.reversible == Reversible.OVERRIDE.value and s.lease_ref and s.layered:
+                # A layer of a lease that stacks: its own row, whoever else holds the target.
+                target = ("core", LAYER_KIND, s.idempotency_key)
+                payload = {"lease": s.lease_ref, "priority": s.params["priority"]}
             elif s.reversible == Reversible.OVERRIDE.value and s.lease_ref:
                 target = ("core", OVERRIDE_KIND, s.lease_ref)
                 payload = None
@@ -153,15 +159,27 @@ class DrainQueries(Connector):
         await conn.execute(dialects.insert_ignore(self.dialect, run_resources), unique_inserts)
         # A placeholder's ref is its step's own key, so only that step's earlier attempt can
         # hold it: nothing to look up. A lease's target may be held by anyone.
-        holders = await live_holders(conn, [t for t in wanted if t[1] == OVERRIDE_KIND])
+        holders = await live_holders(conn, [t for t in wanted if t[1] in LEASE_KINDS])
+        stacked = await _layered_runs(conn, [t[2] for t in wanted if t[1] == OVERRIDE_KIND])
         refused: dict[int, str] = {}
         dirty: set[int] = {c.step.run_id for t, cs in wanted.items() if t[1] == STEP_KIND for c in cs}
-        for target, c in ((t, c) for t, cs in wanted.items() if t[1] == OVERRIDE_KIND for c in cs):
+        for target, c in ((t, c) for t, cs in wanted.items() if t[1] in LEASE_KINDS for c in cs):
             holder = holders.get(target)
             if holder is None:  # pragma: no cover - the insert above guarantees a live row
                 continue
             if holder.run_id != c.step.run_id:
                 c.refused = f"{target[2]} is already held by run {holder.run_id}"
+                refused[c.step.id] = c.refused
+            elif target[2] in stacked:
+                # Its module said the lease stacks when those runs borrowed it: they hold it.
+                # A row reserved just now saved nothing and wrote nothing: it goes again.
+                if holder.payload is None:
+                    await conn.execute(
+                        update(run_resources)
+                        .where(run_resources.c.id == holder.id)
+                        .values(state=ResourceState.REVERTED.value, reverted_at=now, updated_at=now)
+                    )
+                c.refused = f"{target[2]} is stacked by run {stacked[target[2]]}"
                 refused[c.step.id] = c.refused
             else:
                 # This step's own earlier attempt, or an earlier borrow of the same target
@@ -237,12 +255,13 @@ class DrainQueries(Connector):
                 )
             for o in current:
                 if o.confirm_lease and o.step.lease_ref:
+                    layer = o.step.layered
                     await conn.execute(
                         update(run_resources)
                         .where(
                             run_resources.c.owner == "core",
-                            run_resources.c.kind == OVERRIDE_KIND,
-                            run_resources.c.ref == o.step.lease_ref,
+                            run_resources.c.kind == (LAYER_KIND if layer else OVERRIDE_KIND),
+                            run_resources.c.ref == (o.step.idempotency_key if layer else o.step.lease_ref),
                             run_resources.c.run_id == o.step.run_id,
                             run_resources.c.state.in_(LIVE_STATES),
                         )
@@ -462,3 +481,21 @@ def back_to_ready(now: datetime, why: str) -> dict[str, Any]:
         "not_before": now,
         "error": f"{why}; retried under the same key",
     }
+
+
+async def _layered_runs(conn: AsyncConnection, refs: list[str]) -> dict[str, int]:
+    """Of the lease targets `refs`, those some run holds a live layer of, and one such run."""
+    found: dict[str, int] = {}
+    for chunk in chunks(sorted(set(refs))):
+        query = (
+            select(steps.c.lease_ref, run_resources.c.run_id)
+            .join(steps, steps.c.id == run_resources.c.step_id)
+            .where(
+                run_resources.c.kind == LAYER_KIND,
+                run_resources.c.state.in_(LIVE_STATES),
+                steps.c.lease_ref.in_(list(chunk)),
+            )
+        )
+        for r in await conn.execute(query):
+            found.setdefault(r.lease_ref, r.run_id)
+    return found

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
 from roadie.states import (
-    OVERRIDE_KIND,
+    LEASE_KINDS,
     ResourceState,
 )
 from roadie.store.cleanups import fence_cleanup, reverted
@@ -76,7 +76,7 @@ class LeaseQueries(Connector):
         query = (
             select(run_resources)
             .where(
-                run_resources.c.kind == OVERRIDE_KIND,
+                run_resources.c.kind.in_(LEASE_KINDS),
                 run_resources.c.state == ResourceState.LIVE.value,
                 run_resources.c.until.is_not(None),
                 run_resources.c.until <= now,
@@ -186,7 +186,7 @@ class LeaseQueries(Connector):
 
     async def next_lease_expiry(self) -> datetime | None:
         query = select(func.min(run_resources.c.until)).where(
-            run_resources.c.kind == OVERRIDE_KIND, run_resources.c.state == ResourceState.LIVE.value
+            run_resources.c.kind.in_(LEASE_KINDS), run_resources.c.state == ResourceState.LIVE.value
         )
 
         async def work(conn: AsyncConnection) -> datetime | None:
@@ -198,7 +198,7 @@ class LeaseQueries(Connector):
     async def leases_in_force(self) -> list[ResourceRow]:
         query = (
             select(run_resources)
-            .where(run_resources.c.kind == OVERRIDE_KIND, run_resources.c.state.in_(LIVE_STATES))
+            .where(run_resources.c.kind.in_(LEASE_KINDS), run_resources.c.state.in_(LIVE_STATES))
             .order_by(run_resources.c.ref)
         )
 

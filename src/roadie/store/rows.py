@@ -115,6 +115,11 @@ class StepRow:
     attempt_log: list[dict[str, Any]] | None
     claim_token: str | None = None
 
+    @property
+    def layered(self) -> bool:
+        """A borrow of a lease that stacks: its params name its layer's priority."""
+        return self.lease_ref is not None and self.params.get("priority") is not None
+
 
 @dataclass(frozen=True)
 class ResourceRow:

@@ -20,6 +20,7 @@ from roadie.store.notify import NotifyQueries
 from roadie.store.records import Claimed, NewResource, NewStep, Outcome, PhaseCounts, RunMove
 from roadie.store.runs import RunQueries
 from roadie.store.schedules import ScheduleQueries
+from roadie.store.stacks import StackQueries
 from roadie.store.workers import WorkerQueries
 
 __all__ = ["Claimed", "NewResource", "NewStep", "Outcome", "PhaseCounts", "RunMove", "Store", "WritePoint"]
@@ -32,6 +33,7 @@ class Store(
     DrainQueries,
     LedgerQueries,
     LeaseQueries,
+    StackQueries,
     CleanupQueries,
     WorkerQueries,
     AuditQueries,

@@ -245,6 +245,22 @@ workers = Table(
     Index(None, "heartbeat_at"),
 )
 
+# A lease that stacks (DESIGN §12), one row per target: the value from before its first
+# layer (`base`), what Roadie last wrote to it (`shown`) and is about to write (`writing`),
+# each as {"value": ...} or NULL for none. Its layers are the `@layer` rows of
+# run_resources. One owner at a time changes what the world shows: the claim.
+lease_stacks = Table(
+    "lease_stacks",
+    metadata,
+    Column("ref", String(190), primary_key=True),
+    Column("base", JSON, nullable=True),
+    Column("shown", JSON, nullable=True),
+    Column("writing", JSON, nullable=True),
+    Column("claim_token", String(64), nullable=True),
+    Column("claim_expires", UTCDateTime, nullable=True),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
 # The pull transport's work queue (docs/protocol.md): a call for a module that polls the
 # engine instead of being called. A call is handed out (`deliveries` + 1) and stays
 # invisible until `visible_at`; unanswered by then, it is handed out again under the same

@@ -200,6 +200,8 @@ class Lease(Model):
     target: str
     state: str
     saved: Any = None
+    priority: int | None = Field(None, description="a layer of a lease that stacks: its priority")
+    value: Any = Field(None, description="a layer of a lease that stacks: the value it asks the world to show")
     until: datetime | None
 
 

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 from roadie.definitions import ScheduleDef, load_definition
 from roadie.engine import schedules
 from roadie.engine.cleanup import CleanupReport, PlannedCall
+from roadie.engine.leases import stack_ref
 from roadie.errors import InvalidState
-from roadie.states import CleanupStatus, RunStatus
+from roadie.states import LAYER_KIND, CleanupStatus, RunStatus
 from roadie.store.rows import EventRow, ResourceRow, RunRow
 from roadie.web.state import WebState
 
@@ -79,13 +80,16 @@ async def plan(state: WebState, run_id: int, member_key: str | None = None) -> l
 
 
 def lease_view(row: ResourceRow) -> dict[str, Any]:
-    saved = row.payload.get("saved") if isinstance(row.payload, dict) else None
+    payload = row.payload if isinstance(row.payload, dict) else {}
+    layered = row.kind == LAYER_KIND
     return {
         "resource_id": row.id,
         "run_id": row.run_id,
-        "target": row.ref,
+        "target": stack_ref(row),
         "state": row.state,
-        "saved": saved,
+        "saved": payload.get("saved"),
+        "priority": payload.get("priority") if layered else None,
+        "value": payload.get("value") if layered else None,
         "until": row.until,
     }
 

@@ -11,6 +11,7 @@ configuration's directory (default `sandbox.db`).
 | `sandbox.buff` | self | a buff on a region that expires by the clock |
 | lease `sandbox.weather#<region>` | targeted | a region's weather |
 | lease `sandbox.xp_rate` | untargeted | the world's xp rate, a float |
+| lease `sandbox.motd` | untargeted, stacks | the message of the day: each run's banner a layer |
 
 Every call first waits the world's `delay` knob, then passes its fault knobs (see
 `SandboxWorld`), so the reliability tests can make any of them misbehave.
@@ -237,6 +238,24 @@ async def xp_rate(call: LeaseCall) -> float:
     world = _world(call.state)
     await world.pace()
     return float(world.read_setting("xp_rate"))
+
+
+@module.lease("motd", stacks=True)
+async def motd(call: LeaseCall) -> str:
+    """The message of the day players see; events stack their banners on it."""
+    world = _world(call.state)
+    await world.pace()
+    value = world.read_setting("motd", default="")  # a world file older than the setting
+    return str(value)
+
+
+@motd.write
+async def write_motd(call: LeaseCall, value: Any) -> None:
+    world = _world(call.state)
+    await world.pace()
+    if not isinstance(value, str) or len(value) > 500:
+        raise PermanentError(f"sandbox.motd must be text of at most 500 characters, not {value!r:.80}")
+    world.set_setting("motd", value)
 
 
 @xp_rate.write

@@ -16,7 +16,7 @@ from typing import Any, Self
 from roadie.clock import Clock
 
 SEED_REGIONS = ("britain", "moonglow", "trinsic", "yew", "minoc")
-SEED_SETTINGS: dict[str, Any] = {"xp_rate": 1.0}
+SEED_SETTINGS: dict[str, Any] = {"xp_rate": 1.0, "motd": ""}
 FIRST_SERIAL = 0x40000001
 SCHEMA_VERSION = 1
 
@@ -119,7 +119,7 @@ _OLD_FAULTS = "'fail_revert'))"
 class WorldFile:
     """The world's SQLite file at `path`, and the `clock` it reads time from.
 
-    The file is created and seeded (regions with clear weather, `xp_rate = 1.0`) only
+    The file is created and seeded (regions with clear weather, `xp_rate = 1.0`, an empty `motd`) only
     when it is new; opening an existing file never re-seeds it.
     """
 

@@ -37,11 +37,13 @@ from roadie.modules.sandbox.file import SEED_REGIONS, TABLES
 
 __all__ = ["SEED_REGIONS", "SandboxWorld", "WorldCrashed", "open_world"]
 
+_UNSET: Any = object()  # no default given
+
 
 class SandboxWorld(FaultGate):
     """A small world in its own SQLite file at `path`, reading time from `clock`.
 
-    The file is created and seeded (regions with clear weather, `xp_rate = 1.0`) only
+    The file is created and seeded (regions with clear weather, `xp_rate = 1.0`, an empty `motd`) only
     when it is new; opening an existing file never re-seeds it. Every method is one
     transaction, so the object may be abandoned at any point and a fresh one opened.
     """
@@ -405,12 +407,14 @@ class SandboxWorld(FaultGate):
 
         self._call("weather.write", body)
 
-    def read_setting(self, name: str) -> Any:
-        """The value of setting `name`; PermanentError for an unknown setting."""
+    def read_setting(self, name: str, default: Any = _UNSET) -> Any:
+        """The value of setting `name`; `default`, or PermanentError, for one never set."""
 
         def body(db: sqlite3.Connection, _crashing: bool) -> Any:
             row = db.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
             if row is None:
+                if default is not _UNSET:
+                    return default
                 raise PermanentError(f"sandbox: no setting {name!r}")
             return json.loads(row[0])
 
