@@ -44,6 +44,7 @@ BREAKS = {
     "unknown_action_500": "malformed",
     "restore_noop": "lease_restore",
     "apply_after_restore": "lease_late_apply",
+    "restore_first_read": "lease_layers",
 }
 KINDS = {path: kind for kind, path in protocol.CALL_PATHS.items()}
 
@@ -59,6 +60,7 @@ class Broken:
         self.busy_every = busy_every  # answer every n-th call 429 / 409 / 503, to test retries
         self.calls = 0
         self.fresh = 0
+        self.first_read: dict[tuple[str, Any], Any] = {}  # (lease, target) -> the value its first read answered
 
     @property
     def world(self) -> SandboxWorld:
@@ -152,6 +154,16 @@ class Broken:
                     return Reply(200, {"failures": failures})
         if kind == "lease.restore" and "restore_noop" in flags:
             return Reply(200, {})
+        if "restore_first_read" in flags and kind in ("lease.read", "lease.restore"):
+            # Gives back what it saved at the first read of the setting, whatever value the
+            # engine sends: right for one borrow at a time, wrong for a stack's layers.
+            where = (request["lease"], request.get("target"))
+            if kind == "lease.restore" and where in self.first_read:
+                request["value"] = self.first_read.pop(where)
+            elif kind == "lease.read" and where not in self.first_read:
+                reply = await self.server.handle("lease.read", json.dumps(request).encode())
+                self.first_read[where] = reply.body.get("value") if reply.status == 200 else None
+                return reply
         if kind == "lease.apply" and "apply_after_restore" in flags:
             # No key ledger for leases: every apply writes the world, even one that comes
             # after the restore of its borrow.

@@ -414,6 +414,58 @@ async def check_lease_late_apply(s: Session) -> str:
     return "; ".join(done + [f"skipped {x}" for x in skipped])
 
 
+async def check_lease_layers(s: Session) -> str:
+    """A lease that stacks is held by two runs at once: each run's borrow is read and
+    applied under its own key and run, and giving back the top one (a restore by its run,
+    writing the other's value) must neither be refused nor undo the other run's borrow."""
+    assert s.manifest is not None
+    stacked = [spec for spec in s.manifest.leases if spec.stacks]
+    if not stacked:
+        raise Skipped("the manifest declares no lease that stacks")
+    done, skipped = [], []
+    first, second = s.run_id, s.run_id + 1
+    for spec in stacked:
+        target = s.options.targets.get(spec.name)
+        if spec.targeted and target is None:
+            skipped.append(f"{spec.name} (targeted: pass --target {spec.name}=TARGET)")
+            continue
+        label = spec.name + (f"#{target}" if target is not None else "")
+        key_a, key_b = s.new_key(f"layer-a-{spec.name}"), s.new_key(f"layer-b-{spec.name}")
+        v0 = await s.lease_read(spec.name, target, key_a, f"{label} read (run {first})", run_id=first)
+        try:
+            v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
+            v2 = f"{v1}-layer" if isinstance(v1, str) else _other_value(v1)
+            if v2 in (v0, v1):
+                raise Skipped(f"cannot pick a third value after {json.dumps(v0)[:40]} and {json.dumps(v1)[:40]}")
+        except Skipped as exc:
+            skipped.append(f"{label}: {exc}")
+            continue
+        s.borrowed.setdefault((spec.name, target), (key_a, v0))
+        await s.ok(
+            "lease.apply", s.lease_body(spec.name, target, key_a, v1, run_id=first), f"{label} apply (run {first})"
+        )
+        await s.lease_read(spec.name, target, key_b, f"{label} read (run {second})", run_id=second)
+        body = s.lease_body(spec.name, target, key_b, v2, run_id=second)
+        await s.ok("lease.apply", body, f"{label} apply over it (run {second})")
+        if (now := await s.lease_read(spec.name, target, key_b, f"{label} read", run_id=second)) != v2:
+            raise Failed(f"{label}: the second run applied {json.dumps(v2)} but read {json.dumps(now)}")
+        pop = s.lease_body(spec.name, target, s.new_key(f"restore-b-{spec.name}"), v1, run_id=second)
+        await s.ok("lease.restore", pop, f"{label} restore the second run's layer to {json.dumps(v1)}")
+        if (now := await s.lease_read(spec.name, target, key_a, f"{label} read", run_id=first)) != v1:
+            raise Failed(
+                f"{label}: the second run's layer was given back to {json.dumps(v1)} but read {json.dumps(now)}"
+            )
+        last = s.lease_body(spec.name, target, s.new_key(f"restore-a-{spec.name}"), v0, run_id=first)
+        await s.ok("lease.restore", last, f"{label} restore the first run's layer to {json.dumps(v0)}")
+        if (now := await s.lease_read(spec.name, target, key_a, f"{label} read", run_id=first)) != v0:
+            raise Failed(f"{label}: given back to {json.dumps(v0)} but read {json.dumps(now)}")
+        s.borrowed.pop((spec.name, target), None)
+        done.append(f"{label} {json.dumps(v0)}→{json.dumps(v1)}→{json.dumps(v2)}→{json.dumps(v1)}→{json.dumps(v0)}")
+    if not done:
+        raise Skipped("; ".join(skipped))
+    return "; ".join(done + [f"skipped {x}" for x in skipped])
+
+
 async def check_cleanup(s: Session) -> str:
     """Revert every key this session dispatched under, and give back every borrowed value."""
     problems = []
@@ -468,6 +520,7 @@ RULES: list[tuple[str, str, Rule]] = [
     ("malformed", "malformed requests: 4xx, not 5xx", check_malformed),
     ("lease_restore", "lease restore gives back the saved value", check_lease_restore),
     ("lease_late_apply", "an apply after its restore is refused", check_lease_late_apply),
+    ("lease_layers", "a lease that stacks holds two runs' layers", check_lease_layers),
     ("cleanup", "everything the checks made is reverted", check_cleanup),
 ]
 RULE_NAMES = [name for name, _, _ in RULES]

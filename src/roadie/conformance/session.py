@@ -239,13 +239,17 @@ class Session:
                 )
         return found
 
-    def lease_body(self, lease: str, target: str | None, key: str, value: Any = None) -> dict[str, Any]:
+    def lease_body(
+        self, lease: str, target: str | None, key: str, value: Any = None, *, run_id: int | None = None
+    ) -> dict[str, Any]:
         return protocol.LeaseRequest(
-            lease=lease, target=target, run_id=self.run_id, idempotency_key=key, value=value
+            lease=lease, target=target, run_id=run_id or self.run_id, idempotency_key=key, value=value
         ).model_dump(mode="json")
 
-    async def lease_read(self, lease: str, target: str | None, key: str, what: str) -> Any:
-        answer = await self.ok("lease.read", self.lease_body(lease, target, key), what)
+    async def lease_read(
+        self, lease: str, target: str | None, key: str, what: str, *, run_id: int | None = None
+    ) -> Any:
+        answer = await self.ok("lease.read", self.lease_body(lease, target, key, run_id=run_id), what)
         try:
             return protocol.LeaseValue.model_validate(answer if answer is not None else {}).value
         except ValidationError as exc:

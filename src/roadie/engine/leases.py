@@ -237,13 +237,14 @@ async def _push(store: Store, lease: Lease, call: LeaseCall, step: StepRow, row:
         mine = Layer(
             row.id, row.run_id, int(step.params["priority"]), {**(row.payload or {}), "value": step.params["value"]}
         )
+        # Read first, as every borrow does (a module's key ledger learns the key before its
+        # apply). For the first layer (or the first again, after the stack emptied) what
+        # the world shows is what comes back when the last layer goes, unless it shows what
+        # Roadie wrote (a change that died half way): then the base stays. A retry of this
+        # step finds its own layer in effect, and the base is not touched.
+        seen = await maybe_await(lease.read_fn(call))
         base = None
         if not any(x.in_effect for x in stack.layers):
-            # The first layer (or the first again, after the stack emptied): what the world
-            # shows now is what comes back when the last layer goes, unless it shows what
-            # Roadie wrote (a change that died half way): then the base stays. A retry of
-            # this step finds its own layer in effect and does not read again.
-            seen = await maybe_await(lease.read_fn(call))
             base = stack.base if stack.base is not None and seen in stack.ours() else (seen,)
         top = stack.top(adding=mine) if base is None else (step.params["value"],)
         # Written when this layer is on top, or when a change died before the world showed
