@@ -59,7 +59,7 @@ def test_roadie_gateway_serves_a_pulling_module(tmp_path: Path) -> None:
         async def run_it() -> str:
             client = PullClient(  # the sandbox world, polling the gateway from this process
                 sandbox.module, url, SECRET, str(tmp_path / "keys.db"), settings={"db": "world.db"},
-                base_dir=str(tmp_path), wait=1.0,
+                base_dir=str(tmp_path), wait=60.0,
             )  # fmt: skip
             polling = asyncio.create_task(client.run())
             await asyncio.wait_for(client.announced.wait(), 20)
@@ -79,6 +79,10 @@ def test_roadie_gateway_serves_a_pulling_module(tmp_path: Path) -> None:
                     await asyncio.sleep(0.05)
                 resources = await store.list_resources(run.id)
                 creatures = client.server.state.snapshot()["creatures"]
+                # Stopped while the module's poll is held open (for up to 60 s): the poll
+                # is answered at once, and the gateway does not wait it out.
+                gateway.terminate()
+                await asyncio.to_thread(gateway.wait, 30)
             finally:
                 await store.close()
                 client.stop()

@@ -27,7 +27,7 @@ from roadie.engine import Engine, EngineOptions
 from roadie.modules.sandbox import open_world
 from roadie.registry import build_registry
 from roadie.remote import attach_remote_modules, refresh_pull_module
-from roadie.remote.gateway import Gateway
+from roadie.remote.gateway import Gateway, Server
 from roadie.store import Store
 from roadie.store.rows import RunRow
 from tests.remote.servers import SECRET, SandboxServer, free_port
@@ -80,7 +80,7 @@ async def remote_engine(
     remotes = await attach_remote_modules(registry, modules, store, base_dir=str(tmp_path))
     remotes.queue.visibility = 2.0  # a pulled call the killed server never answered comes back soon
     engine = Engine(store, registry, clock=clock, options=EngineOptions(concurrency=16, poll_interval=0.05, seed=7))
-    gateway_server: uvicorn.Server | None = None
+    gateway_server: Server | None = None
     gateway_task: asyncio.Task[None] | None = None
     if pull:
         gateway = Gateway(
@@ -91,7 +91,7 @@ async def remote_engine(
             on_announce=lambda m: refresh_pull_module(registry, remotes, m, str(tmp_path)),
         )
         config = uvicorn.Config(gateway.app(), host="127.0.0.1", port=gateway_port, log_level="warning")
-        gateway_server = uvicorn.Server(config)
+        gateway_server = Server(config, lambda: remotes.queue)
         gateway_task = asyncio.create_task(gateway_server.serve())
         while not gateway_server.started:
             await asyncio.sleep(0.02)

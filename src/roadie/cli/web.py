@@ -50,6 +50,7 @@ def serve(
     require_web("serve")
     import uvicorn
 
+    from roadie.remote import gateway
     from roadie.web import WebOptions, create_app
 
     options = WebOptions(database_url=database_url, config=config, worker=not no_worker, concurrency=concurrency)
@@ -62,14 +63,15 @@ def serve(
     sock = listening(host, port)
     serving = f"roadie serve on http://{host}:{port} (worker {'off' if no_worker else 'on'})"
 
-    class Server(uvicorn.Server):
+    class Server(gateway.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # said once the port is bound and the app has started, not before
                 err.print(serving)
 
-    config_ = uvicorn.Config(create_app(options), host=host, port=port, log_level="warning", access_log=False)
-    Server(config_).run(sockets=[sock])
+    app = create_app(options)
+    config_ = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    Server(config_, lambda: getattr(getattr(app.state, "gateway", None), "queue", None)).run(sockets=[sock])
 
 
 async def _opened(ctx: Context) -> None:

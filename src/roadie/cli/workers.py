@@ -95,11 +95,14 @@ def gateway(
     require_web("gateway")
     import uvicorn
 
+    from roadie.remote import gateway
+
     sock = listening(host, port)
 
     async def work(ctx: Context) -> None:
         ctx.remotes.queue.visibility = visibility
-        server = uvicorn.Server(uvicorn.Config(ctx.gateway().app(), host=host, port=port, log_level="warning"))
+        config_ = uvicorn.Config(ctx.gateway().app(), host=host, port=port, log_level="warning")
+        server = gateway.Server(config_, lambda: ctx.remotes.queue)
         # uvicorn stops on SIGINT/SIGTERM and then raises the signal again for the handler
         # it found: let that be one that does nothing, so a graceful stop exits 0.
         import signal

@@ -25,7 +25,7 @@ from roadie import protocol
 from roadie.conformance.session import ConformanceOptions
 from roadie.conformance.transport import Kind, TransportFailed, key_of
 from roadie.registry import Registry
-from roadie.remote.gateway import Gateway
+from roadie.remote.gateway import Gateway, Server
 from roadie.remote.queue import WorkQueue
 from roadie.store.store import Store
 
@@ -101,7 +101,7 @@ async def serve_queue(url: str, secret: str, options: ConformanceOptions) -> Asy
             config = uvicorn.Config(
                 gateway.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1
             )
-            server = uvicorn.Server(config)
+            server = Server(config, lambda: queue)
             serving = asyncio.create_task(server.serve())
             while not server.started:
                 if serving.done():

@@ -11,10 +11,12 @@ Every request is signed with the calling module's secret and names the module in
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
+import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -180,6 +182,21 @@ class Gateway:
             return {"status": "ok"}
 
         return app
+
+
+class Server(uvicorn.Server):
+    """uvicorn serving a gateway: when it stops, the long polls it holds are answered at
+    once (see `WorkQueue.close`) instead of each being waited out, up to its `wait`."""
+
+    def __init__(self, config: uvicorn.Config, queue: Callable[[], WorkQueue | None]) -> None:
+        super().__init__(config)
+        self._queue = queue
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        queue = self._queue()
+        if queue is not None:
+            queue.close()
+        await super().shutdown(sockets=sockets)
 
 
 def gateway_router(find: Callable[[Request], Gateway]) -> APIRouter:

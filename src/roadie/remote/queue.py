@@ -55,6 +55,7 @@ class WorkQueue:
         self._work: dict[str, asyncio.Event] = defaultdict(asyncio.Event)  # new work, per module
         self._collector: asyncio.Task[None] | None = None
         self._last_expiry = 0.0
+        self._closed = False  # the process is stopping: polls are answered at once, empty
 
     # -- the caller's side ----------------------------------------------------------
 
@@ -164,6 +165,8 @@ class WorkQueue:
         deadline = asyncio.get_running_loop().time() + wait
         await self._expire()
         while True:
+            if self._closed:
+                return []  # nothing handed out by a process that is going away
             event = self._work[module]
             event.clear()
             taken = await self.calls.take(module, limit, self.clock.now(), self.visibility)
@@ -174,6 +177,15 @@ class WorkQueue:
             # seen at the next look.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), min(remaining, max(self.poll_interval * 4, 0.2)))
+
+    def close(self) -> None:
+        """The process is stopping: every poll held open is answered now, with nothing, and
+        so is every poll after it, so a web server stopping need not wait out each poll's
+        `wait` (the module polls again, and is served by another process or this one when
+        it is back). Calls already handed out are answered through any gateway."""
+        self._closed = True
+        for event in self._work.values():
+            event.set()
 
     async def answer(self, module: str, call_id: int, status: int, body: Any, token: str | None = None) -> AnswerTaken:
         """Keep an answer the module posted for the delivery `token` names (see
