@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from roadie.clock import Clock, SystemClock
 from roadie.errors import RoadieError
@@ -195,6 +195,25 @@ def body_hash(body: bytes) -> str:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_as_empty(cls, data: Any) -> Any:
+        """Some JSON encoders (Luanti's) write an empty array or object as `null`: a null
+        where a list or an object is expected reads as an empty one. (An integer written
+        as `1.0` already reads as 1.)"""
+        if not isinstance(data, dict):
+            return data
+        for name, field in cls.model_fields.items():
+            key = field.alias or name
+            if key in data and data[key] is None:
+                empty = _EMPTY.get(get_origin(field.annotation) or field.annotation)
+                if empty is not None:
+                    data = {**data, key: empty()}
+        return data
+
+
+_EMPTY: dict[Any, Callable[[], Any]] = {list: list, dict: dict}
 
 
 class WireResource(BaseModel):

@@ -36,3 +36,18 @@ def test_other_refusals_are_final_with_the_servers_message(status: int) -> None:
 def test_a_refusal_without_an_error_body_still_says_what_came() -> None:
     with pytest.raises(PermanentError, match="HTTP 403: nope"):
         judge("world", "revert", 403, "nope")
+
+
+def test_a_null_for_an_empty_list_or_object_and_a_whole_float_for_an_integer_are_read() -> None:
+    """Luanti's JSON writes `{}` and `[]` as `null`, and integers as `1.0`: a revert answer
+    `{"failures": null}` is no failure (it was refused as unreadable, and the row stayed
+    live though the object was gone)."""
+    assert protocol.RevertAnswer.model_validate({"failures": None}).failures == []
+    manifest = protocol.Manifest.model_validate(
+        {"module": "luanti", "actions": [{"name": "say", "reversible": "none", "params": None}], "leases": None}
+    )
+    assert (manifest.actions[0].params, manifest.leases) == ({}, [])
+    posted = protocol.AnswerPost.model_validate_json('{"id": 12.0, "status": 200.0, "body": null}')
+    assert (posted.id, posted.status) == (12, 200)
+    with pytest.raises(ValueError, match="resources"):
+        protocol.ReportRequest.model_validate({"idempotency_key": "k", "resources": None})  # still at least one
