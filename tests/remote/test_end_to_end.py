@@ -385,3 +385,56 @@ def test_a_lease_that_stacks_is_layered_over_the_protocol(tmp_path: Path, pull: 
             assert motd() == ""
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
+def test_a_run_that_ended_while_no_worker_was_alive_is_held_at_its_cap_over_the_protocol(
+    tmp_path: Path, pull: bool
+) -> None:
+    """Every worker is down when the run's duration ends: the first one back ends the run
+    and comes to its cleanup before anything else, where a cap of 2 on the sandbox holds
+    the teardown of 3 orcs for a person; the confirmation takes them down, proved."""
+    gateway_port = free_port()
+    server = SandboxServer(tmp_path, pull=f"http://127.0.0.1:{gateway_port}" if pull else None)
+    text = (
+        "id: downtime\nduration: 1s\ncleanup: auto\nphases:\n  - name: raid\n    steps:\n"
+        "      - {action: sandbox.spawn, name: orcs, with: {kind: orc, region: yew, count: 3}}\n"
+    )
+
+    async def body() -> None:
+        async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
+            store, engine = remote.store, remote.engine
+            engine.cleanup.caps = {"sandbox": 2}  # [engine.cleanup_caps] sandbox = 2
+            before = world_state(server.world)
+            definition = load_definition(text, "downtime.yaml", engine.registry)
+            event = await store.create_event_version(
+                definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), text, "t",
+                engine.clock.now(),
+            )  # fmt: skip
+            run = await engine.start_run(event, {})
+
+            async def spawned() -> bool:
+                await engine.tick()  # materialise, claim and dispatch: the drain awaits its answers
+                return any(s.status == "succeeded" for s in await store.list_steps(run.id))
+
+            await wait_for(spawned, 30, "the orcs to be spawned")
+            assert len(world_state(server.world)["creatures"]) == 3
+            # No worker is alive: the run's end passes unseen.
+            current = await store.get_run(run.id)
+            assert current.status == "running"
+            assert current.ends_at is not None
+            ends_at = current.ends_at
+
+            async def past_the_end() -> bool:
+                return engine.clock.now() > ends_at
+
+            await wait_for(past_the_end, 10, "the run's end to pass")
+            await engine.catch_up()  # the first worker back
+            held = await store.get_run(run.id)
+            assert (held.status, held.cleanup_status) == ("succeeded", "held")
+            assert len(world_state(server.world)["creatures"]) == 3  # not taken down blind
+            report = await engine.clean_up(run.id, again=True, confirm=True)  # as `roadie cleanup 1 --confirm`
+            assert (report.status, report.verdict, report.reverted) == ("complete", "verified_clean", 3)
+            assert world_state(server.world) == before
+
+    asyncio.run(body())
