@@ -29,7 +29,7 @@ from roadie.registry import build_registry
 from roadie.remote import attach_remote_modules, refresh_pull_module
 from roadie.remote.gateway import Gateway, Server
 from roadie.store import Store
-from roadie.store.rows import RunRow
+from roadie.store.rows import EventRow, RunRow
 from tests.remote.servers import SECRET, SandboxServer, free_port
 
 SPAWNS = 24
@@ -123,15 +123,19 @@ async def wait_for(check: Any, seconds: float, what: str) -> Any:
         await asyncio.sleep(0.05)
 
 
+async def apply_event(remote: Remote, text: str) -> EventRow:
+    """Store `text` as its event's newest version, checked against the remote module."""
+    definition = load_definition(text, "event.yaml", remote.engine.registry)
+    dumped = definition.model_dump(mode="json", by_alias=True)
+    now = remote.engine.clock.now()
+    return await remote.store.create_event_version(definition.id, definition.title, dumped, text, "test", now)
+
+
 async def carry_out_with_a_kill(remote: Remote) -> RunRow:
     """Start the run, kill -9 the server once part of the wave has answered, restart it,
     and wait for the run to end and be cleaned up."""
     store, engine = remote.store, remote.engine
-    definition = load_definition(event_text(), "remote.yaml", engine.registry)
-    event = await store.create_event_version(
-        definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), event_text(), "test",
-        engine.clock.now(),
-    )  # fmt: skip
+    event = await apply_event(remote, event_text())
     worker = asyncio.create_task(engine.run_forever())
     try:
         run = await engine.start_run(event, {})
@@ -241,14 +245,10 @@ def test_a_rolled_back_server_is_found_and_taken_down_again(tmp_path: Path, pull
 
     async def body() -> None:
         async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
-            store, engine = remote.store, remote.engine
+            engine = remote.engine
             before = world_state(server.world)
             text = event_text("verify").replace("cleanup: auto", "cleanup: manual")
-            definition = load_definition(text, "verify.yaml", engine.registry)
-            event = await store.create_event_version(
-                definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), text, "t",
-                engine.clock.now(),
-            )  # fmt: skip
+            event = await apply_event(remote, text)
             run = await engine.start_run(event, {})
             [run] = await engine.settle([run.id])
             assert run.status == "succeeded"
@@ -323,14 +323,10 @@ phases:
 
     async def body() -> None:
         async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
-            store, engine = remote.store, remote.engine
+            engine = remote.engine
             assert engine.registry.module("sandbox").tagged_fn is not None  # the manifest says tagged
             before = world_state(server.world)
-            definition = load_definition(text, "warlord.yaml", engine.registry)
-            event = await store.create_event_version(
-                definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), text, "t",
-                engine.clock.now(),
-            )  # fmt: skip
+            event = await apply_event(remote, text)
             run = await engine.start_run(event, {})
             [run] = await engine.settle([run.id])
             [warlord] = world_state(server.world)["creatures"]
@@ -362,7 +358,7 @@ def test_a_lease_that_stacks_is_layered_over_the_protocol(tmp_path: Path, pull: 
 
     async def body() -> None:
         async with remote_engine(tmp_path, server, pull=pull, gateway_port=gateway_port) as remote:
-            store, engine = remote.store, remote.engine
+            engine = remote.engine
             assert engine.registry.lease("sandbox.motd").stacks
 
             def motd() -> Any:
@@ -370,11 +366,7 @@ def test_a_lease_that_stacks_is_layered_over_the_protocol(tmp_path: Path, pull: 
 
             runs = []
             for event_id, text, priority in (("low", "fishing", 1), ("high", "invasion", 9)):
-                definition = load_definition(banner(event_id, text, priority), f"{event_id}.yaml", engine.registry)
-                event = await store.create_event_version(
-                    definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), "", "t",
-                    engine.clock.now(),
-                )  # fmt: skip
+                event = await apply_event(remote, banner(event_id, text, priority))
                 [run] = await engine.settle([(await engine.start_run(event, {})).id])
                 assert run.status == "succeeded", run.error
                 runs.append(run.id)
@@ -406,11 +398,7 @@ def test_a_run_that_ended_while_no_worker_was_alive_is_held_at_its_cap_over_the_
             store, engine = remote.store, remote.engine
             engine.cleanup.caps = {"sandbox": 2}  # [engine.cleanup_caps] sandbox = 2
             before = world_state(server.world)
-            definition = load_definition(text, "downtime.yaml", engine.registry)
-            event = await store.create_event_version(
-                definition.id, definition.title, definition.model_dump(mode="json", by_alias=True), text, "t",
-                engine.clock.now(),
-            )  # fmt: skip
+            event = await apply_event(remote, text)
             run = await engine.start_run(event, {})
 
             async def spawned() -> bool:
