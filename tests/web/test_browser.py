@@ -113,6 +113,17 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
                 SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
                 SCREENSHOT.write_bytes(shot)
 
+            # On a phone (390 px) no page is wider than the screen: its tables and the
+            # timeline scroll inside their own boxes, and the header wraps.
+            page.set_viewport_size({"width": 390, "height": 844})
+            for path in ("/", "/runs/1", "/runs/1/ledger", "/leases", "/audit"):
+                page.goto(base + path)
+                wide = page.evaluate("document.documentElement.scrollWidth")
+                assert wide <= 390, f"{path} is {wide} px wide on a 390 px screen"
+                assert page.locator("header.top button").is_visible(), f"{path}: Sign out is off-screen"
+            page.set_viewport_size({"width": 1366, "height": 900})
+            page.goto(f"{base}/runs/1")
+
             page.click("text=Ledger & cleanup")
             expect(page.locator("#plan")).to_contain_text("restore")
             page.click("#cleanup-button")
