@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -126,7 +127,19 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
 
             page.click("text=Ledger & cleanup")
             expect(page.locator("#plan")).to_contain_text("restore")
+            asked: list[str] = []
+
+            def answer(dialog: Any) -> None:
+                asked.append(dialog.message)
+                if len(asked) == 1:
+                    dialog.dismiss()  # staff think again: nothing is posted
+                else:
+                    dialog.accept()
+
+            page.on("dialog", answer)
             page.click("#cleanup-button")
+            page.click("#cleanup-button")
+            assert asked[0].startswith("Take down what run #1 left in the world")
             expect(page.locator("#cleanup-status")).to_contain_text("complete")
             expect(page.locator("#cleanup-report")).to_contain_text("0 failed")
             expect(page.locator("#verdict")).to_contain_text("verified clean")

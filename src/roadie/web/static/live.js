@@ -7,3 +7,9 @@ document.addEventListener("DOMContentLoaded", function () {
   source.addEventListener("run", refresh);
   source.addEventListener("end", function () { refresh(); source.close(); live.dataset.ended = "true"; });
 });
+
+// A form that does what is hard to take back asks first, in words saying what will happen.
+document.addEventListener("submit", function (event) {
+  var ask = event.target.dataset ? event.target.dataset.confirm : null;
+  if (ask && !window.confirm(ask)) event.preventDefault();
+}, true);
