@@ -176,6 +176,23 @@ def test_cancel_a_run_in_flight_and_refuse_a_second_cancel(site: Site) -> None:
     assert site.post("/api/v1/runs/999/cancel", "operator").status_code == 404
 
 
+def test_a_run_that_ended_with_rows_live_says_so_on_its_page_until_cleaned_up(site: Site) -> None:
+    """A manual policy leaves the fog and the raiders in the world when the run ends: the
+    run page says so, that nothing takes them down by itself, and where to clean up."""
+    site.upload(QUICK)
+    run = _start(site, "quick-raid")
+    ended = site.wait_settled(run["id"])
+    assert (ended["status"], ended["cleanup_status"]) == ("succeeded", "pending")
+    page = site.get(f"/runs/{run['id']}").text
+    assert "3 ledger rows of this run are still live in the world" in page
+    assert "Nothing takes them down until someone cleans up" in page
+    assert f'href="/runs/{run["id"]}/ledger">See what and clean up' in page
+    assert site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator", json={}).status_code == 200
+    assert 'id="left-behind"' not in site.get(f"/runs/{run['id']}").text
+    ledger = site.get(f"/runs/{run['id']}/ledger", "operator").text  # nothing left: no "Run cleanup"
+    assert ("Run cleanup" not in ledger, "Read the world back again" in ledger) == (True, True)
+
+
 def test_list_runs_filters_and_pages(site: Site) -> None:
     site.upload(SLOW)
     site.upload(QUICK)
