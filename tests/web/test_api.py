@@ -187,6 +187,10 @@ def test_a_run_that_ended_with_rows_live_says_so_on_its_page_until_cleaned_up(si
     assert "3 ledger rows of this run are still live in the world" in page
     assert "Nothing takes them down until someone cleans up" in page
     assert f'href="/runs/{run["id"]}/ledger">See what and clean up' in page
+    ledger = site.get(f"/runs/{run['id']}/ledger").text  # in the world's words
+    assert "raider in yew (creature" in ledger
+    assert "sandbox.weather#yew, back to &#39;clear&#39;" in ledger
+    assert "its step answered" in ledger
     assert site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator", json={}).status_code == 200
     assert 'id="left-behind"' not in site.get(f"/runs/{run['id']}").text
     ledger = site.get(f"/runs/{run['id']}/ledger", "operator").text  # nothing left: no "Run cleanup"

@@ -15,8 +15,10 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from roadie.engine.cleanup import describe
 from roadie.errors import DefinitionError, Problem, RoadieError
-from roadie.states import CLEANUP_DUE, ResourceState, RunStatus
+from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus
+from roadie.store.rows import ResourceRow
 from roadie.web import auth, service
 from roadie.web.api import RowId
 from roadie.web.auth import COOKIE, Principal, require, state_of
@@ -25,6 +27,19 @@ from roadie.web.tokens import Role
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+
+def _world_words(row: ResourceRow) -> str:
+    """A ledger row as staff would say it (a step's placeholder by what became of it)."""
+    if row.kind == STEP_KIND:
+        if row.state == ResourceState.RESOLVED.value:
+            return "its step answered: what it made is listed on its own rows"
+        if row.state == ResourceState.PENDING.value:
+            return "whatever its step's key made (no answer has come)"
+    return describe(row.kind, row.ref, row.payload)
+
+
+templates.env.filters["world_words"] = _world_words
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
