@@ -4,6 +4,7 @@ worker carrying the runs out."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from roadie.states import AUTO_CLEANUP_ROUNDS
@@ -322,3 +323,18 @@ def test_many_runs_start_in_one_request_and_a_bad_entry_is_named(site: Site) -> 
     empty = site.post("/api/v1/runs/batch", "operator", json={"event": "quick-raid", "runs": []})
     assert empty.status_code == 422
     assert len(site.store_call(lambda s: s.list_runs())) == 3
+
+
+def test_the_workers_page_and_a_warning_on_every_page_while_none_is_alive(make_site: Callable[..., Site]) -> None:
+    """Without a worker, every page warns that runs will wait and nothing is cleaned up
+    (a fragment each page fetches again every 15 s); the workers page lists them."""
+    alone = make_site(worker=False)
+    assert "No worker is alive" in alone.get("/workers/warning").text
+    assert 'hx-get="/workers/warning"' in alone.get("/").text
+    assert "No worker has ever started here." in alone.get("/workers").text
+
+
+def test_the_workers_page_lists_the_embedded_worker(site: Site) -> None:
+    assert "No worker is alive" not in site.get("/workers/warning").text
+    page = site.get("/workers").text
+    assert 'class="state s-alive"' in page

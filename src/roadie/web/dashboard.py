@@ -17,7 +17,7 @@ from fastapi.templating import Jinja2Templates
 
 from roadie.engine.cleanup import describe
 from roadie.errors import DefinitionError, Problem, RoadieError
-from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus
+from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, WorkerState
 from roadie.store.rows import ResourceRow
 from roadie.web import auth, service
 from roadie.web.api import RowId
@@ -276,6 +276,25 @@ async def leases_page(request: Request, who: Viewer) -> Response:
     state = state_of(request)
     rows = [service.lease_view(r) for r in await state.store.leases_in_force()]
     return _render(request, "leases.html", who, leases=rows, now=state.clock.now())
+
+
+@router.get("/workers", response_class=HTMLResponse)
+async def workers_page(request: Request, who: Viewer) -> Response:
+    state = state_of(request)
+    rows = await state.store.list_workers(state.clock.now(), state.engine.options.claim_ttl)
+    return _render(request, "workers.html", who, workers=rows)
+
+
+@router.get("/workers/warning", response_class=HTMLResponse)
+async def workers_warning(request: Request, who: Viewer) -> Response:
+    """What every page shows under its header, and fetches again now and then: a warning
+    while no worker is alive (runs would wait at `pending`, and nothing be cleaned up)."""
+    state = state_of(request)
+    alive = any(
+        w.state == WorkerState.ALIVE
+        for w in await state.store.list_workers(state.clock.now(), state.engine.options.claim_ttl)
+    )
+    return _render(request, "_workers_warning.html", who, alive=alive)
 
 
 @router.get("/audit", response_class=HTMLResponse)
