@@ -335,6 +335,21 @@ def test_the_workers_page_and_a_warning_on_every_page_while_none_is_alive(make_s
 
 
 def test_the_workers_page_lists_the_embedded_worker(site: Site) -> None:
+    deadline = time.monotonic() + 30
+    while 'class="state s-alive"' not in site.get("/workers").text:  # it registers as it starts
+        assert time.monotonic() < deadline, "the embedded worker never said it was alive"
+        time.sleep(0.05)
     assert "No worker is alive" not in site.get("/workers/warning").text
-    page = site.get("/workers").text
-    assert 'class="state s-alive"' in page
+
+
+def test_the_events_pages_show_each_event_its_versions_and_sources(site: Site) -> None:
+    site.upload(QUICK)
+    site.upload(QUICK.replace("A quick raid", "A quicker raid"))
+    listing = site.get("/events").text
+    assert 'href="/events/quick-raid"' in listing
+    assert "v2" in listing
+    page = site.get("/events/quick-raid").text
+    assert "A quicker raid" in page
+    assert 'href="/events/quick-raid?version=1"' in page
+    assert "title: A quick raid" in site.get("/events/quick-raid?version=1").text
+    assert site.get("/events/nothing-here").status_code == 404

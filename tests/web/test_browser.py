@@ -96,6 +96,9 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             page.fill("#filename", "invasion.yaml")
             page.fill("#source", source)
             page.click("#upload-event button[type=submit]")
+            expect(page.locator("#stored")).to_contain_text("Stored invasion as version 1")
+            expect(page.locator("#source")).to_contain_text("Orc invasion")
+            page.click("text=start one")
             expect(page.locator("#event")).to_contain_text("invasion")
 
             page.select_option("#event", "invasion")
@@ -117,7 +120,16 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             # On a phone (390 px) no page is wider than the screen: its tables and the
             # timeline scroll inside their own boxes, and the header wraps.
             page.set_viewport_size({"width": 390, "height": 844})
-            for path in ("/", "/runs/1", "/runs/1/ledger", "/leases", "/workers", "/audit"):
+            for path in (
+                "/",
+                "/events",
+                "/events/invasion",
+                "/runs/1",
+                "/runs/1/ledger",
+                "/leases",
+                "/workers",
+                "/audit",
+            ):
                 page.goto(base + path)
                 wide = page.evaluate("document.documentElement.scrollWidth")
                 assert wide <= 390, f"{path} is {wide} px wide on a 390 px screen"

@@ -206,3 +206,20 @@ def test_a_refused_upload_or_start_shows_the_runs_page_with_why(site: Site) -> N
     assert "no-such-event" in unknown.text
     assert site.store_call(lambda s: s.list_events()) == []
     assert site.store_call(lambda s: s.list_runs()) == []
+    site.upload(QUICK.replace("id: quick-raid", "id: a-raid"))  # listed before quick-raid
+    site.upload(QUICK)
+    typed = {"event": "quick-raid", "params": "region=yew\ncount=0", "csrf": csrf}
+    refused = site.client.post("/runs", data=typed, follow_redirects=False)
+    assert refused.status_code == 422
+    assert "count" in refused.text
+    assert '<option value="quick-raid" selected>' in refused.text  # the event chosen stays chosen
+    assert "region=yew\ncount=0</textarea>" in refused.text  # and what was typed stays typed
+
+
+def test_an_upload_says_which_version_it_stored(site: Site) -> None:
+    csrf = _login(site, "admin")
+    stored = site.client.post("/events", data={"source": QUICK, "csrf": csrf}, follow_redirects=False)
+    assert (stored.status_code, stored.headers["location"]) == (303, "/events/quick-raid?stored=1")
+    page = site.client.get(stored.headers["location"]).text
+    assert "Stored <code>quick-raid</code> as version 1" in page
+    assert 'href="/?event=quick-raid">start one' in page

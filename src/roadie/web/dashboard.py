@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -44,6 +44,7 @@ Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 STATES = [s.value for s in RunStatus]
+Version = Annotated[int | None, Query(ge=1, le=2**31 - 1)]
 
 
 def _render(request: Request, name: str, who: Principal | None, status_code: int = 200, **context: Any) -> Response:
@@ -141,10 +142,28 @@ async def upload_event(
 ) -> Response:
     state = state_of(request)
     try:
-        await service.upload_event(state, source, filename or "event.yaml", who.actor)
+        stored = await service.upload_event(state, source, filename or "event.yaml", who.actor)
     except DefinitionError as exc:
         return await _runs_refused(request, who, upload_errors=[str(p) for p in exc.problems], upload_source=source)
-    return _back("/")
+    return _back(f"/events/{stored.event_id}?stored={stored.version}")
+
+
+@router.get("/events", response_class=HTMLResponse)
+async def events_page(request: Request, who: Viewer) -> Response:
+    state = state_of(request)
+    scheduled = {s["event_id"]: s for s in await service.schedule_views(state)}
+    return _render(request, "events.html", who, events=await state.store.list_events(), scheduled=scheduled)
+
+
+@router.get("/events/{event_id}", response_class=HTMLResponse)
+async def event_page(
+    request: Request, event_id: str, who: Viewer, version: Version = None, stored: Version = None
+) -> Response:
+    state = state_of(request)
+    versions = await state.store.list_event_versions(event_id)
+    shown = next((v for v in versions if v.version == version), versions[0])
+    scheduled = {s["event_id"]: s for s in await service.schedule_views(state)}.get(event_id)
+    return _render(request, "event.html", who, versions=versions, shown=shown, stored=stored, scheduled=scheduled)
 
 
 async def _runs_refused(
@@ -154,8 +173,11 @@ async def _runs_refused(
     upload_errors: list[str] | None = None,
     upload_source: str = "",
     start_error: str | None = None,
+    start_event: str | None = None,
+    start_params: str = "",
 ) -> Response:
-    """The runs page again, 422, with why an upload or a start was refused."""
+    """The runs page again, 422, with why an upload or a start was refused, and what was
+    typed kept in its form."""
     state = state_of(request)
     events = await state.store.list_events()
     runs = await state.store.list_runs(limit=50)
@@ -175,6 +197,8 @@ async def _runs_refused(
         upload_errors=upload_errors,
         upload_source=upload_source,
         start_error=start_error,
+        start_event=start_event,
+        start_params=start_params,
     )
 
 
@@ -204,7 +228,7 @@ async def start_run(
     try:
         run = await service.start_run(state, event, _parse_params(params), who.actor)
     except RoadieError as exc:
-        return await _runs_refused(request, who, start_error=exc.message)
+        return await _runs_refused(request, who, start_error=exc.message, start_event=event, start_params=params)
     return _back(f"/runs/{run.id}")
 
 
