@@ -184,3 +184,34 @@ def test_a_priority_for_a_lease_that_does_not_stack_fails_the_run(harness: Harne
         assert "does not stack" in (ended.error or "")
 
     harness.run(body)
+
+
+def test_a_lease_whose_module_changed_its_mind_is_not_held_both_ways(harness: Harness) -> None:
+    """A module upgraded between two runs says `sandbox.motd` no longer stacks (or now
+    does): a borrow of the other kind is refused while the target is held the first way,
+    naming the run that holds it."""
+    lease = harness.registry.lease("sandbox.motd")
+
+    async def body() -> None:
+        layered = await _started(harness, "layered", "market day", 2)
+        lease.stacks = False
+        try:
+            run = await harness.start(banner("alone", "exclusive", None))
+            [ended] = await harness.settle(run)
+            assert ended.status == "failed"
+            assert f"sandbox.motd is stacked by run {layered}" in (ended.error or "")
+            assert motd(harness) == "market day"
+            await harness.engine.clean_up(layered)
+            assert motd(harness) == ""
+            alone = await _started(harness, "alone2", "exclusive", None)
+        finally:
+            lease.stacks = True
+        run = await harness.start(banner("late-layer", "too late", 5))
+        [ended] = await harness.settle(run)
+        assert ended.status == "failed"
+        assert f"already held by run {alone}" in (ended.error or "")
+        assert motd(harness) == "exclusive"
+        await harness.engine.clean_up(alone)
+        assert motd(harness) == ""
+
+    harness.run(body)
