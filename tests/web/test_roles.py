@@ -223,3 +223,31 @@ def test_an_upload_says_which_version_it_stored(site: Site) -> None:
     page = site.client.get(stored.headers["location"]).text
     assert "Stored <code>quick-raid</code> as version 1" in page
     assert 'href="/?event=quick-raid">start one' in page
+
+
+def test_a_run_starts_from_its_events_form_and_every_bad_param_is_said_at_once(site: Site) -> None:
+    """The event page's form has a field per param (choices as a list, bounds and defaults
+    said); a start with two bad values names both beside their fields, keeps what was
+    typed and starts nothing; with them fixed the run starts."""
+    event = QUICK.replace(
+        "region: {type: str, default: yew}", "region: {type: str, default: yew, choices: [yew, minoc]}"
+    )
+    site.upload(event)
+    csrf = _login(site, "operator")
+    page = site.client.get("/events/quick-raid").text
+    assert '<select id="param.region" name="param.region">' in page
+    assert '<option value="yew" selected>yew</option>' in page
+    assert "int ≥ 1 · default 2" in page
+    bad = {"param.region": "britain", "param.count": "0", "csrf": csrf}
+    refused = site.client.post("/events/quick-raid/runs", data=bad, follow_redirects=False)
+    assert refused.status_code == 422
+    assert "2 params to fix before it starts." in refused.text
+    assert "must be one of" in refused.text  # region
+    assert "must be at least 1" in refused.text  # count
+    assert 'value="0"' in refused.text  # kept as typed
+    assert site.store_call(lambda s: s.list_runs()) == []
+    good = {"param.region": "minoc", "param.count": "3", "csrf": csrf}
+    started = site.client.post("/events/quick-raid/runs", data=good, follow_redirects=False)
+    assert started.status_code == 303
+    [run] = site.store_call(lambda s: s.list_runs())
+    assert run.params == {"region": "minoc", "count": 3}

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from roadie.definitions import EventDefinition
 from roadie.engine.cleanup import describe
 from roadie.errors import DefinitionError, Problem, RoadieError
 from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, WorkerState
@@ -159,11 +160,72 @@ async def events_page(request: Request, who: Viewer) -> Response:
 async def event_page(
     request: Request, event_id: str, who: Viewer, version: Version = None, stored: Version = None
 ) -> Response:
+    return await _event_page(request, who, event_id, version=version, stored=stored)
+
+
+async def _event_page(
+    request: Request,
+    who: Principal,
+    event_id: str,
+    *,
+    version: int | None = None,
+    stored: int | None = None,
+    typed: dict[str, str] | None = None,
+    problems: dict[str, str] | None = None,
+    start_error: str | None = None,
+) -> Response:
+    """An event's page: its versions, the source of one, and (for its newest version) a
+    start form with a field per param; refused, the form comes back with what was typed
+    and every problem beside its field."""
     state = state_of(request)
     versions = await state.store.list_event_versions(event_id)
     shown = next((v for v in versions if v.version == version), versions[0])
     scheduled = {s["event_id"]: s for s in await service.schedule_views(state)}.get(event_id)
-    return _render(request, "event.html", who, versions=versions, shown=shown, stored=stored, scheduled=scheduled)
+    specs = EventDefinition.model_validate(shown.definition).params
+    return _render(
+        request,
+        "event.html",
+        who,
+        status_code=422 if problems or start_error else 200,
+        versions=versions,
+        shown=shown,
+        stored=stored,
+        scheduled=scheduled,
+        specs=specs,
+        typed=typed or {},
+        problems=problems or {},
+        start_error=start_error,
+    )
+
+
+@router.post("/events/{event_id}/runs", response_class=HTMLResponse)
+async def start_from_form(request: Request, event_id: str, who: Operator) -> Response:
+    """Start a run of the event's newest version from its form: one field per param, an
+    empty field taking the param's default. Every param is checked before anything
+    starts, and all that are wrong are said at once."""
+    state = state_of(request)
+    event = await state.store.get_event(event_id)
+    specs = EventDefinition.model_validate(event.definition).params
+    form = await request.form()
+    typed = {name: str(form.get(f"param.{name}", "")).strip() for name in specs}
+    params: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    for name, spec in specs.items():
+        if typed[name] == "":
+            if spec.required and spec.default is None:
+                problems[name] = "required"
+            continue
+        try:
+            params[name] = spec.coerce(name, typed[name])
+        except ValueError as exc:
+            problems[name] = str(exc)
+    if problems:
+        return await _event_page(request, who, event_id, typed=typed, problems=problems)
+    try:
+        run = await service.start_run(state, event_id, params, who.actor, event.version)
+    except RoadieError as exc:
+        return await _event_page(request, who, event_id, typed=typed, start_error=exc.message)
+    return _back(f"/runs/{run.id}")
 
 
 async def _runs_refused(
