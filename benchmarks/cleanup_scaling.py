@@ -3,11 +3,13 @@
 Each measurement builds one run on a fresh database: its steps are a no-op `ledger` action
 of an in-process module that reports K resources each, drained by `Engine.settle` with a
 `FakeClock` (cleanup manual, so nothing is reverted yet). Then `engine.clean_up` alone is
-timed; its revert is a no-op that answers None, so what is measured is cleanup's reading
-and marking of the ledger. Peak memory is measured in a separate cleanup of a run built
-the same way, with tracemalloc started just before `clean_up` and its peak read after
-(tracemalloc slows Python down, so the timed runs go without it); the RSS delta is the
-growth of the process's peak RSS over its RSS before cleanup (Linux `clear_refs`).
+timed; its revert is a no-op that answers None and its `inspect` answers "gone" for
+every resource, so what is measured is cleanup's reading and marking of the ledger and its
+proof (DESIGN §12: every reverted row read back through `inspect`, a verdict). Peak
+memory is measured in a separate cleanup of a run built the same way, with tracemalloc
+started just before `clean_up` and its peak read after (tracemalloc slows Python down, so
+the timed runs go without it); the RSS delta is the growth of the process's peak RSS over
+its RSS before cleanup (Linux `clear_refs`).
 
 Two shapes: K = 1,000 resources per step (1, 10, 100 steps), and K = 10 resources per
 step (100, 1,000, 10,000 steps), which makes cleanup page through many pages of steps.
@@ -42,7 +44,7 @@ from roadie.clock import FakeClock
 from roadie.definitions import EventDefinition
 from roadie.engine import Engine, EngineOptions
 from roadie.modules import core
-from roadie.registry import Call, Module, Registry, RevertCall
+from roadie.registry import Call, InspectCall, Inspected, Module, Registry, RevertCall
 from roadie.states import Reversible
 from roadie.store import Store
 
@@ -63,6 +65,11 @@ def many(call: Call[Many]) -> list[dict[str, Any]]:
 @many.revert
 def unmany(call: RevertCall) -> None:
     return None
+
+
+@scale.inspect
+def gone(call: InspectCall) -> list[Inspected]:
+    return [Inspected(r.kind, r.ref, exists=False, ours=False) for r in call.resources]
 
 
 @dataclass
@@ -129,6 +136,7 @@ async def _one(url: str, steps: int, per_step: int, *, trace: bool) -> Sample:
             report = await engine.clean_up(run_id, actor="bench")
             sample.seconds = time.perf_counter() - started
         assert report.status == "complete", report.as_dict()
+        assert report.verdict == "verified_clean", report.as_dict()  # every row was read back
         sample.reverted = report.reverted
         return sample
     finally:
@@ -204,7 +212,9 @@ def _section(rows: list[Row], args: argparse.Namespace) -> str:
         "",
         "Time and peak memory of `engine.clean_up(run_id)` alone, for one run holding N ledgered resources, "
         "built beforehand by draining steps of an in-process `ledger` action that reports K resources each "
-        "(its revert is a no-op answering None). Time is the median of the repetitions shown (min–max); "
+        "(its revert is a no-op answering None; its inspect answers every resource gone, so the "
+        "time includes reading each reverted row back for the verdict). "
+        "Time is the median of the repetitions shown (min–max); "
         "peak memory is from one further cleanup of a run built the same way, with tracemalloc started just "
         "before `clean_up` and read after (Python allocations), and the growth of peak RSS over RSS before it. "
         "Each step's placeholder is resolved when its answer is recorded, so the live rows are exactly N.",
