@@ -121,6 +121,14 @@ def test_manual_cleanup_plan_then_cleanup(workdir: Path) -> None:
     assert summary["core", "override"]["newest"] == ["sandbox.weather#yew, back to 'clear'"]
     code, world_after_plan = roadie("sandbox", "show", "--json")
     assert world_after_plan == world
+    code, out = roadie("run", "show", str(run["id"]))  # what it left, in the world's words
+    assert "left in the world" in out
+    assert "raider in yew (creature" in out
+    code, out = roadie("run", "show", str(run["id"]), "--json")
+    assert {(g["module"], g["kind"], g["count"]) for g in json.loads(out)["left_in_world"]} == {
+        ("sandbox", "creature", 2),
+        ("core", "override", 1),
+    }
 
     code, out = roadie("cleanup", str(run["id"]), "--json")
     assert code == 0, out

@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from roadie.cli.cleanup import late_lines, verdict_lines
+from roadie.cli.cleanup import late_lines, preview_table, verdict_lines
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -35,6 +35,7 @@ from roadie.cli.common import (
 from roadie.cli.events import apply_event
 from roadie.cli.progress import RunProgress
 from roadie.engine import settled
+from roadie.engine.cleanup import PreviewGroup
 from roadie.runtime import Context
 from roadie.states import RunStatus
 from roadie.store.rows import RunRow
@@ -214,19 +215,22 @@ def run_show(
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """A run: its state, its steps with their attempts, its ledger and its cleanup report."""
+    """A run: its state, its steps with their attempts, its ledger, what it has left in the
+    world (in the world's words) and its cleanup report."""
 
-    async def work(ctx: Context) -> tuple[RunRow, list[Any], list[Any]]:
+    async def work(ctx: Context) -> tuple[RunRow, list[Any], list[Any], list[PreviewGroup]]:
         run = await ctx.store.get_run(run_id)
-        return run, await ctx.store.list_steps(run_id), await ctx.store.list_resources(run_id)
+        steps, resources = await ctx.store.list_steps(run_id), await ctx.store.list_resources(run_id)
+        return run, steps, resources, await ctx.engine.cleanup.preview(run_id)
 
-    run, steps, resources = in_context(database_url, config, work, as_json=as_json)
+    run, steps, resources, left = in_context(database_url, config, work, as_json=as_json)
     if as_json:
         print_json(
             {
                 "run": _run_dict(run),
                 "steps": [asdict(s) for s in steps],
                 "resources": [asdict(r) for r in resources],
+                "left_in_world": [asdict(g) for g in left],
             }
         )
         return
@@ -268,6 +272,10 @@ def run_show(
             clip(r.error, 50),
         )
     console.print(ledger)
+    if left:
+        console.print(preview_table(left, title="left in the world"))
+    elif resources:
+        console.print("nothing of it is left in the world: its ledger holds no live row")
     if run.cleanup_report:
         rep = run.cleanup_report
         console.print(
