@@ -8,8 +8,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from tests.conftest import Harness
 
+from roadie.errors import DefinitionError
 from roadie.states import LAYER_KIND
 
 
@@ -174,14 +176,12 @@ def test_an_expired_layer_is_popped_while_its_run_goes_on(harness: Harness) -> N
     harness.run(body)
 
 
-def test_a_priority_for_a_lease_that_does_not_stack_fails_the_run(harness: Harness) -> None:
+def test_a_priority_for_a_lease_that_does_not_stack_is_refused_before_a_run_exists(harness: Harness) -> None:
     async def body() -> None:
-        run = await harness.start(
-            banner("x", "x", 3).replace("lease: sandbox.motd", "lease: sandbox.xp_rate").replace('"x"', "2.0")
-        )
-        [ended] = await harness.settle(run)
-        assert ended.status == "failed"
-        assert "does not stack" in (ended.error or "")
+        text = banner("x", "x", 3).replace("lease: sandbox.motd", "lease: sandbox.xp_rate").replace('"x"', "2.0")
+        with pytest.raises(DefinitionError, match=r"lease sandbox\.xp_rate does not stack"):
+            await harness.start(text)
+        assert await harness.store.list_runs() == []
 
     harness.run(body)
 

@@ -688,14 +688,20 @@ phases:
         ("{lease: world.nothing, value: 2}", "with.lease", "unknown lease 'world.nothing'"),
         ("{lease: world.weather, value: storm}", "with.target", "lease world.weather is targeted: say which target"),
         ("{lease: world.xp_rate, target: yew, value: 2}", "with.target", "lease world.xp_rate takes no target"),
+        (
+            "{lease: world.xp_rate, value: 2, priority: 3}",
+            "with.priority",
+            "lease world.xp_rate does not stack: a priority is only for a lease that stacks",
+        ),
     ],
 )
 def test_a_borrow_a_start_would_refuse_is_refused_by_validate_and_by_render(
     registry: Registry, with_: str, field: str, message: str
 ) -> None:
     """A lease no module registers, a targeted lease without its target, a target for a
-    lease that takes none: each is refused when the file is checked, at its line, and
-    (named through a param the check cannot know) when a run would start."""
+    lease that takes none, a priority for a lease that does not stack: each is refused
+    when the file is checked, at its line, and (named through a param the check cannot
+    know) when a run would start."""
     [problem] = problems_of(BORROW.replace("{WITH}", with_), reg=registry)
     assert (problem.line, problem.field, problem.message.split(" (did")[0]) == (
         9,

@@ -352,10 +352,10 @@ def step_rules(
 ) -> list[tuple[FieldPath, str]]:
     """What a step's action would refuse whatever the world says, beyond its parameters'
     own model: a borrow of a lease no module registers, or without the target a targeted
-    lease needs; a `core.wait` longer than its step's timeout. `values` are the step's
-    parameters as written (aliases such as `for` kept); the keys in `unknown` are not known
-    yet (templates, before the run's params are) and are not judged. Paths are within
-    `with:`."""
+    lease needs, or with a priority for a lease that does not stack; a `core.wait` longer
+    than its step's timeout. `values` are the step's parameters as written (aliases such
+    as `for` kept); the keys in `unknown` are not known yet (templates, before the run's
+    params are) and are not judged. Paths are within `with:`."""
     unknown = set(unknown)
     found: list[tuple[FieldPath, str]] = []
     if action.borrows and isinstance(values.get("lease"), str):
@@ -369,6 +369,10 @@ def step_rules(
                 found.append((("target",), f"lease {lease.id} is targeted: say which target"))
             elif not lease.targeted and target is not None:
                 found.append((("target",), f"lease {lease.id} takes no target"))
+        if not lease.stacks and values.get("priority") is not None and "priority" not in unknown:
+            found.append(
+                (("priority",), f"lease {lease.id} does not stack: a priority is only for a lease that stacks")
+            )
     if action.id == "core.wait" and timeout is not None and "for" in values and "for" not in unknown:
         try:
             wait = parse_duration(values["for"])
