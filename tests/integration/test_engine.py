@@ -545,3 +545,32 @@ def test_many_runs_are_started_in_one_transaction_and_one_bad_param_refuses_them
         assert [r.status for r in settled] == ["succeeded"] * 4
 
     harness.run(body)
+
+
+def test_run_id_renders_into_a_steps_parameters(harness: Harness) -> None:
+    """`{{ run.id }}` is the run's id, written in as text, though a run is rendered before
+    its row exists."""
+    text = """
+id: numbered
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: core.log
+        name: hello
+        with: {message: "run {{ run.id }} of {{ event.id }}"}
+      - action: sandbox.broadcast
+        name: say
+        with: {message: "{{ run.id }}"}
+"""
+
+    async def body() -> None:
+        first = await harness.start(text)
+        second = await harness.start(text)
+        await harness.settle(first, second)
+        for run in (first, second):
+            steps = {s.name: s for s in await harness.store.list_steps(run.id)}
+            assert steps["hello"].params["message"] == f"run {run.id} of numbered"
+            assert steps["say"].params["message"] == str(run.id)
+
+    harness.run(body)

@@ -236,14 +236,32 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# A run is rendered before its row, and so its id, exists: `run.id` renders as this
+# marker, which each step's parameters trade for the id (as text) when its phase begins.
+RUN_ID = "@@roadie:run.id@@"
+
+
 def template_context(params: Mapping[str, Any], *, event_id: str, title: str, run_id: int | None) -> dict[str, Any]:
     """What a template sees: each param by name, `params`, `event` and `run`."""
     return {
         **params,
         "params": dict(params),
         "event": {"id": event_id, "title": title},
-        "run": {"id": run_id},
+        "run": {"id": RUN_ID if run_id is None else run_id},
     }
+
+
+def fill_run_id(value: Any, run_id: int) -> Any:
+    """`value` with the run's id written in wherever `{{ run.id }}` rendered. It is text, as
+    the marker was when the step's parameters were checked: a parameter that must be a
+    number cannot take it (the start says so)."""
+    if isinstance(value, str):
+        return value.replace(RUN_ID, str(run_id)) if RUN_ID in value else value
+    if isinstance(value, list):
+        return [fill_run_id(v, run_id) for v in value]
+    if isinstance(value, dict):
+        return {k: fill_run_id(v, run_id) for k, v in value.items()}
+    return value
 
 
 def describe_template_error(error: Exception) -> str:

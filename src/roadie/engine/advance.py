@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 import structlog
 
 from roadie.definitions import FrozenDefinition
+from roadie.definitions.render import fill_run_id
 from roadie.engine import leases
 from roadie.engine.base import EngineState, earliest
 from roadie.errors import (
@@ -111,7 +112,8 @@ class Advance(EngineState):
         new_steps = []
         for step in phase.steps:
             action = self.registry.action(step.action)
-            params = leases.borrow_params(self.registry, step.params) if action.borrows else step.params
+            params = fill_run_id(step.params, run.id)
+            params = leases.borrow_params(self.registry, params) if action.borrows else params
             lease_ref = leases.lease_ref(self.registry, params) if action.borrows else None
             new_steps.append(
                 NewStep(
