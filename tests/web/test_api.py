@@ -353,3 +353,11 @@ def test_the_events_pages_show_each_event_its_versions_and_sources(site: Site) -
     assert 'href="/events/quick-raid?version=1"' in page
     assert "title: A quick raid" in site.get("/events/quick-raid?version=1").text
     assert site.get("/events/nothing-here").status_code == 404
+    weekly = QUICK.replace("id: quick-raid", "id: weekly-raid").replace(
+        "cleanup: manual", 'cleanup: manual\nschedule: {cron: "0 20 * * 5", timezone: Europe/London}'
+    )
+    site.upload(weekly)
+    listing = site.get("/events").text
+    assert "<code>0 20 * * 5</code>" in listing
+    assert "Europe/London" in listing
+    assert "Scheduled: <code>0 20 * * 5</code>, next at " in site.get("/events/weekly-raid").text
