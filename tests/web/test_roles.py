@@ -251,3 +251,27 @@ def test_a_run_starts_from_its_events_form_and_every_bad_param_is_said_at_once(s
     assert started.status_code == 303
     [run] = site.store_call(lambda s: s.list_runs())
     assert run.params == {"region": "minoc", "count": 3}
+
+
+def test_a_preview_says_what_a_run_would_do_and_who_holds_its_settings(site: Site) -> None:
+    """Preview renders the run with the form's params and starts nothing: its phases and
+    steps, the settings it would borrow and whether another run holds them now (so the
+    borrow would be refused), and how it would be taken down."""
+    site.upload(QUICK)
+    holder = site.post("/api/v1/runs", "operator", json={"event": "quick-raid", "params": {"region": "yew"}}).json()
+    site.wait_settled(holder["id"])  # its fog over yew stays borrowed: cleanup is manual
+    csrf = _login(site, "operator")
+    form = {"param.region": "yew", "param.count": "3", "preview": "1", "csrf": csrf}
+    previewed = site.client.post("/events/quick-raid/runs", data=form, follow_redirects=False)
+    assert previewed.status_code == 200
+    text = previewed.text
+    assert "What it would do" in text
+    assert "raiders <code>sandbox.spawn</code>" in text
+    assert "<code>sandbox.weather#yew</code>" in text
+    assert f"held by run {holder['id']} now: this borrow would be refused" in text
+    assert "when someone cleans up (cleanup: manual)" in text
+    assert len(site.store_call(lambda s: s.list_runs())) == 1  # nothing started
+    form["param.region"] = "minoc"
+    elsewhere = site.client.post("/events/quick-raid/runs", data=form).text
+    assert "<code>sandbox.weather#minoc</code>" in elsewhere
+    assert "this borrow would be refused" not in elsewhere

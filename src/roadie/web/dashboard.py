@@ -173,6 +173,7 @@ async def _event_page(
     typed: dict[str, str] | None = None,
     problems: dict[str, str] | None = None,
     start_error: str | None = None,
+    preview: dict[str, Any] | None = None,
 ) -> Response:
     """An event's page: its versions, the source of one, and (for its newest version) a
     start form with a field per param; refused, the form comes back with what was typed
@@ -195,6 +196,7 @@ async def _event_page(
         typed=typed or {},
         problems=problems or {},
         start_error=start_error,
+        preview=preview,
     )
 
 
@@ -222,6 +224,9 @@ async def start_from_form(request: Request, event_id: str, who: Operator) -> Res
     if problems:
         return await _event_page(request, who, event_id, typed=typed, problems=problems)
     try:
+        if form.get("preview"):
+            preview = await service.preview_run(state, event, params)
+            return await _event_page(request, who, event_id, typed=typed, preview=preview)
         run = await service.start_run(state, event_id, params, who.actor, event.version)
     except RoadieError as exc:
         return await _event_page(request, who, event_id, typed=typed, start_error=exc.message)

@@ -5,16 +5,17 @@ Each function is one operator action, with the same rules as its CLI command.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from roadie.definitions import ScheduleDef, load_definition
+from roadie.definitions import EventDefinition, ScheduleDef, load_definition, render
 from roadie.engine import schedules
 from roadie.engine.cleanup import CleanupReport, PlannedCall
-from roadie.engine.leases import stack_ref
+from roadie.engine.leases import lease_ref, stack_ref
 from roadie.errors import InvalidState
 from roadie.states import LAYER_KIND, CleanupStatus, RunStatus
 from roadie.store.rows import EventRow, ResourceRow, RunRow
@@ -42,6 +43,33 @@ async def start_run(
 ) -> RunRow:
     event = await state.store.get_event(event_id, version)
     return await state.engine.start_run(event, params, actor=actor)
+
+
+async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) -> dict[str, Any]:
+    """What a run of `event` with `params` would do, without starting it: its phases and
+    steps rendered with the params (refused as a start would be), the leases it would
+    borrow and who holds each now, and how it would be taken down."""
+    definition = EventDefinition.model_validate(event.definition)
+    frozen = await asyncio.to_thread(render, definition, definition.resolve_params(params), state.registry)
+    held: dict[str, list[int]] = {}
+    for row in await state.store.leases_in_force():
+        held.setdefault(stack_ref(row), []).append(row.run_id)
+    phases, borrows = [], []
+    for phase in frozen.phases:
+        phases.append({"name": phase.name, "after": phase.after, "steps": [(s.name, s.action) for s in phase.steps]})
+        for step in phase.steps:
+            if state.registry.action(step.action).borrows:
+                ref = lease_ref(state.registry, step.params)
+                borrows.append(
+                    {
+                        "ref": ref,
+                        "value": step.params.get("value"),
+                        "priority": step.params.get("priority"),
+                        "stacks": state.registry.lease(str(step.params["lease"])).stacks,
+                        "held_by": sorted(set(held.get(ref, []))),
+                    }
+                )
+    return {"phases": phases, "borrows": borrows, "cleanup": definition.cleanup.value}
 
 
 async def start_runs(
