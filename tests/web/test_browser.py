@@ -27,6 +27,7 @@ INVASION = ROOT / "src/roadie/examples/invasion.yaml"
 # The README's picture of the run page: refreshed only when asked for
 # (ROADIE_SCREENSHOT=1), so that running the suite leaves the checkout as it was.
 SCREENSHOT = ROOT / "docs/screenshots/run-page.png"
+PHONE_SHOTS = {"/runs/1": "phone-run.png", "/events/invasion": "phone-event.png", "/runs/1/ledger": "phone-ledger.png"}
 
 
 def _free_port() -> int:
@@ -107,6 +108,9 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             expect(page.locator("[id='param.orcs.problem']")).to_contain_text("must be at most 50")
             expect(page.locator("[id='param.orcs']")).to_have_value("500")
             page.fill("[id='param.orcs']", "4")
+            page.click("#preview-button")  # what it would do, before anything starts
+            expect(page.locator("#preview")).to_contain_text("sandbox.weather#yew")
+            expect(page.locator("#preview")).to_contain_text("orc warband")
             page.click("#start-button")
             expect(page.locator("h1")).to_contain_text("Run #1")
 
@@ -138,6 +142,8 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
                 wide = page.evaluate("document.documentElement.scrollWidth")
                 assert wide <= 390, f"{path} is {wide} px wide on a 390 px screen"
                 assert page.locator("header.top button").is_visible(), f"{path}: Sign out is off-screen"
+                if os.environ.get("ROADIE_SCREENSHOT") == "1" and path in PHONE_SHOTS:
+                    (SCREENSHOT.parent / PHONE_SHOTS[path]).write_bytes(page.screenshot(full_page=True))
             page.set_viewport_size({"width": 1366, "height": 900})
             page.goto(f"{base}/runs/1")
 
