@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -339,18 +339,33 @@ def _other_value(value: Any) -> Any:
     raise Skipped(f"cannot pick a second value like {json.dumps(value)[:60]}: pass --value LEASE=JSON")
 
 
-async def check_lease_restore(s: Session) -> str:
-    assert s.manifest is not None
-    if not s.manifest.leases:
-        raise Skipped("the manifest declares no lease")
-    done, skipped = [], []
-    for spec in s.manifest.leases:
+def _targets(
+    s: Session, specs: list[protocol.LeaseSpec], skipped: list[str]
+) -> Iterator[tuple[protocol.LeaseSpec, str | None, str]]:
+    """Each lease with the target it is tried on and its label (`weather#yew`); a targeted
+    lease with no `--target` is noted in `skipped` instead."""
+    for spec in specs:
         target = s.options.targets.get(spec.name)
         if spec.targeted and target is None:
             skipped.append(f"{spec.name} (targeted: pass --target {spec.name}=TARGET)")
             continue
+        yield spec, target, spec.name + (f"#{target}" if target is not None else "")
+
+
+def _done(done: list[str], skipped: list[str]) -> str:
+    if not done:
+        raise Skipped("; ".join(skipped))
+    return "; ".join(done + [f"skipped {x}" for x in skipped])
+
+
+async def check_lease_restore(s: Session) -> str:
+    assert s.manifest is not None
+    if not s.manifest.leases:
+        raise Skipped("the manifest declares no lease")
+    done: list[str] = []
+    skipped: list[str] = []
+    for spec, target, label in _targets(s, s.manifest.leases, skipped):
         key = s.new_key(f"lease-{spec.name}")
-        label = spec.name + (f"#{target}" if target is not None else "")
         v0 = await s.lease_read(spec.name, target, key, f"{label} read")
         try:
             v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
@@ -369,9 +384,7 @@ async def check_lease_restore(s: Session) -> str:
             raise Failed(f"{label}: restored {json.dumps(v0)} but read {json.dumps(back)}")
         s.borrowed.pop((spec.name, target), None)
         done.append(f"{label} {json.dumps(v0)}→{json.dumps(v1)}→{json.dumps(v0)}")
-    if not done:
-        raise Skipped("; ".join(skipped))
-    return "; ".join(done + [f"skipped {x}" for x in skipped])
+    return _done(done, skipped)
 
 
 async def check_lease_late_apply(s: Session) -> str:
@@ -380,14 +393,10 @@ async def check_lease_late_apply(s: Session) -> str:
     assert s.manifest is not None
     if not s.manifest.leases:
         raise Skipped("the manifest declares no lease")
-    done, skipped = [], []
-    for spec in s.manifest.leases:
-        target = s.options.targets.get(spec.name)
-        if spec.targeted and target is None:
-            skipped.append(f"{spec.name} (targeted: pass --target {spec.name}=TARGET)")
-            continue
+    done: list[str] = []
+    skipped: list[str] = []
+    for spec, target, label in _targets(s, s.manifest.leases, skipped):
         key = s.new_key(f"late-{spec.name}")
-        label = spec.name + (f"#{target}" if target is not None else "")
         v0 = await s.lease_read(spec.name, target, key, f"{label} read")
         try:
             v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
@@ -409,9 +418,7 @@ async def check_lease_late_apply(s: Session) -> str:
             raise Failed(f"{label}: an apply delivered after its restore answered {status}, not a refusal (4xx)")
         s.borrowed.pop((spec.name, target), None)
         done.append(f"{label}: refused with {status} ({message_of(answer)[:80]})")
-    if not done:
-        raise Skipped("; ".join(skipped))
-    return "; ".join(done + [f"skipped {x}" for x in skipped])
+    return _done(done, skipped)
 
 
 async def check_lease_layers(s: Session) -> str:
@@ -422,14 +429,10 @@ async def check_lease_layers(s: Session) -> str:
     stacked = [spec for spec in s.manifest.leases if spec.stacks]
     if not stacked:
         raise Skipped("the manifest declares no lease that stacks")
-    done, skipped = [], []
+    done: list[str] = []
+    skipped: list[str] = []
     first, second = s.run_id, s.run_id + 1
-    for spec in stacked:
-        target = s.options.targets.get(spec.name)
-        if spec.targeted and target is None:
-            skipped.append(f"{spec.name} (targeted: pass --target {spec.name}=TARGET)")
-            continue
-        label = spec.name + (f"#{target}" if target is not None else "")
+    for spec, target, label in _targets(s, stacked, skipped):
         key_a, key_b = s.new_key(f"layer-a-{spec.name}"), s.new_key(f"layer-b-{spec.name}")
         v0 = await s.lease_read(spec.name, target, key_a, f"{label} read (run {first})", run_id=first)
         try:
@@ -461,9 +464,7 @@ async def check_lease_layers(s: Session) -> str:
             raise Failed(f"{label}: given back to {json.dumps(v0)} but read {json.dumps(now)}")
         s.borrowed.pop((spec.name, target), None)
         done.append(f"{label} {json.dumps(v0)}→{json.dumps(v1)}→{json.dumps(v2)}→{json.dumps(v1)}→{json.dumps(v0)}")
-    if not done:
-        raise Skipped("; ".join(skipped))
-    return "; ".join(done + [f"skipped {x}" for x in skipped])
+    return _done(done, skipped)
 
 
 async def check_cleanup(s: Session) -> str:
