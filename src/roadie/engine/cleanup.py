@@ -427,11 +427,8 @@ class Cleanup:
                     report.held += 1  # the expiry sweeper is giving it back, and marks it itself
                     return
                 row = next(r for r in rows if r.id == call.row_ids[0])
-                written = None if row.kind == LAYER_KIND else await self.store.values_written(run_id, row.ref)
                 async with self._deadline():
-                    changed = await leases.restore(
-                        self.store, self.registry, self.clock, row, written, self.call_timeout
-                    )
+                    changed = await leases.restore(self.store, self.registry, self.clock, row, self.call_timeout)
                 marks.reverted.extend(call.row_ids)
                 await self._record(claim, marks)
                 if changed is None:

@@ -104,15 +104,13 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     )
 
 
-async def restore(
-    store: Store, registry: Registry, clock: Clock, row: ResourceRow, written: list[Any] | None, deadline: float
-) -> Changed | None:
+async def restore(store: Store, registry: Registry, clock: Clock, row: ResourceRow, deadline: float) -> Changed | None:
     """Give a borrowed value back from the row's saved value, only over a value the run's
-    borrows wrote (`written`, DESIGN §12): what the world shows is read first, and a value
-    someone set since (a person, by hand) is left alone. Answers None when the saved value
-    was written or is shown already, else what was found and left alone. `written` None
-    gives back without comparing. A layer of a lease that stacks is popped instead, its
-    stack held for a few times `deadline`, the time the caller gives each call.
+    borrows wrote (DESIGN §12): what the world shows is read first, and a value someone
+    set since (a person, by hand) is left alone. Answers None when the saved value was
+    written or is shown already, else what was found and left alone. A layer of a lease
+    that stacks is popped instead, its stack held for a few times `deadline`, the time the
+    caller gives each call.
 
     A row without a saved value was reserved but never written over: there is nothing
     to give back, and marking it reverted is right.
@@ -126,13 +124,12 @@ async def restore(
     assert give_back is not None
     call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
     saved = row.payload["saved"]
-    if written is not None:
-        shown = await maybe_await(lease.read_fn(call))
-        if shown == saved:
-            return None
-        if shown not in written:
-            log.warning("borrowed value changed since: left alone", run_id=row.run_id, ref=row.ref, shown=shown)
-            return Changed(shown)
+    shown = await maybe_await(lease.read_fn(call))
+    if shown == saved:
+        return None
+    if shown not in await store.values_written(row.run_id, row.ref):
+        log.warning("borrowed value changed since: left alone", run_id=row.run_id, ref=row.ref, shown=shown)
+        return Changed(shown)
     await maybe_await(give_back(call, saved))
     return None
 
@@ -168,8 +165,7 @@ async def sweep_expired(
             if budget <= 0:
                 raise TimeoutError
             async with clock.timeout(budget):
-                written = None if row.kind == LAYER_KIND else await store.values_written(row.run_id, row.ref)
-                await restore(store, registry, clock, row, written, budget)
+                await restore(store, registry, clock, row, budget)
         except Exception as exc:  # the sweeper must not stop on one bad lease
             error = f"no answer within {max(budget, 0):g}s" if isinstance(exc, TimeoutError) else str(exc)
             log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=error)
