@@ -12,9 +12,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection
 from tests.conftest import Harness
-from tests.databases import Database
+from tests.databases import PLANTED_PASSWORD, Database
 
-from roadie.store import Store, migrate
+from roadie.errors import StoreError
+from roadie.store import Store, dialects, migrate
 from roadie.store.tables import metadata
 
 
@@ -95,3 +96,46 @@ def test_a_read_on_sqlite_neither_waits_for_a_writer_nor_holds_one_up(tmp_path: 
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_migration_lock_held_too_long_is_one_line_naming_its_holder(
+    tmp_path: Path, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a process started while another session held the migration lock waited
+    without a word, for ever on PostgreSQL (on MariaDB 300 s, then 'check that its server
+    is up'). Now it says once that it waits, and after the wait names the session holding
+    the lock and how to end it, exit 69; once the lock is given back it opens."""
+    if database.backend == "sqlite":
+        pytest.skip("SQLite's migrations wait on its write lock, which its busy timeout bounds")
+    url = database.fresh(tmp_path)
+    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT", 1.0)
+    asyncio.run(_close(Store.open(url)))  # the schema is there: a later open still takes the lock
+
+    async def held_while_opening() -> tuple[int, str]:
+        holder = dialects.create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            async with holder.connect() as conn:
+                if database.dialect == "postgresql":
+                    await conn.exec_driver_sql("BEGIN")
+                    await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(x'726F6164'::int)")
+                    pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar()
+                else:
+                    await conn.exec_driver_sql("SELECT GET_LOCK('roadie.migrate', 0)")
+                    pid = (await conn.exec_driver_sql("SELECT CONNECTION_ID()")).scalar()
+                with pytest.raises(StoreError) as refused:
+                    await Store.open(url)
+                return int(pid), str(refused.value)
+        finally:
+            await holder.dispose()
+
+    pid, message = asyncio.run(held_while_opening())
+    assert f"session {pid} " in message, message
+    end = f"SELECT pg_terminate_backend({pid})" if database.dialect == "postgresql" else f"KILL {pid}"
+    assert end in message, message
+    assert message.startswith("cannot migrate the database"), message
+    assert PLANTED_PASSWORD not in message
+    asyncio.run(_close(Store.open(url)))
+
+
+async def _close(opening: Any) -> None:
+    await (await opening).close()

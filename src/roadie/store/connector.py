@@ -73,6 +73,11 @@ class Connector:
         if migrate_schema:
             try:
                 await store.migrate()
+            except dialects.MigrationLockHeld as exc:
+                await engine.dispose()
+                raise StoreError(
+                    f"cannot migrate the database {engine.url.render_as_string(hide_password=True)}: {exc}"
+                ) from exc
             except (DBAPIError, OSError) as exc:
                 await engine.dispose()
                 where = "its folder exists and may be written" if store.dialect == "sqlite" else "its server is up"

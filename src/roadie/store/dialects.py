@@ -6,13 +6,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import structlog
 from sqlalchemy import Connection, Insert, Select, Table, event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DataError, IntegrityError
+from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from roadie.errors import ConfigError, StoreError
+
+log = structlog.get_logger(__name__)
 
 ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
@@ -271,6 +274,11 @@ def skip_locked(dialect_name: str, query: Select[Any], *, of: Table | None = Non
 
 # Any fixed number will do, as long as every Roadie process uses the same one.
 _MIGRATION_LOCK = 0x726F6164  # "road"
+MIGRATION_LOCK_WAIT = 300.0  # seconds a process waits for another's migration before it gives up
+
+
+class MigrationLockHeld(StoreError):
+    """Another session has held the migration lock for longer than `MIGRATION_LOCK_WAIT`."""
 
 
 def lock_for_migration(connection: Connection) -> Callable[[], None]:
@@ -279,13 +287,69 @@ def lock_for_migration(connection: Connection) -> Callable[[], None]:
     race on the same DDL (and MariaDB's DDL is not transactional, so a loser can leave a
     half-made schema). PostgreSQL: an advisory lock held until the transaction ends.
     MariaDB: a named lock held by the session. SQLite: the write lock its BEGIN IMMEDIATE
-    took already."""
+    took already.
+
+    A lock another session holds is waited for, saying so once, for `MIGRATION_LOCK_WAIT`
+    seconds at most; then `MigrationLockHeld` names the holder and how to end it (a
+    process stopped half way through a migration holds it until its session ends)."""
     name = connection.dialect.name
     if name == "postgresql":
-        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+        if connection.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({_MIGRATION_LOCK})").scalar():
+            return lambda: None
+        holder = _migration_lock_holder(connection)
+        log.warning("waiting for the migration lock", holder=holder, wait_s=MIGRATION_LOCK_WAIT)
+        connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(MIGRATION_LOCK_WAIT * 1000)}ms'")
+        try:
+            with connection.begin_nested():  # a savepoint: the holder can be looked up after a timeout
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            holder = _migration_lock_holder(connection) or holder
+            raise _held(holder, "SELECT pg_terminate_backend({pid})") from exc
+        connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
     elif name in MYSQL_FAMILY:
-        got = connection.exec_driver_sql("SELECT GET_LOCK('roadie.migrate', 300)").scalar()
-        if got != 1:
-            raise TimeoutError("another process held the migration lock for 300 s")
+        if connection.exec_driver_sql("SELECT GET_LOCK('roadie.migrate', 0)").scalar() != 1:
+            holder = _migration_lock_holder(connection)
+            log.warning("waiting for the migration lock", holder=holder, wait_s=MIGRATION_LOCK_WAIT)
+            got = connection.exec_driver_sql(f"SELECT GET_LOCK('roadie.migrate', {int(MIGRATION_LOCK_WAIT)})").scalar()
+            if got != 1:
+                raise _held(_migration_lock_holder(connection) or holder, "KILL {pid}")
         return lambda: connection.exec_driver_sql("SELECT RELEASE_LOCK('roadie.migrate')").close()
     return lambda: None
+
+
+def _migration_lock_holder(connection: Connection) -> dict[str, Any] | None:
+    """Who holds the migration lock, as the server knows them (None: nobody now)."""
+    if connection.dialect.name == "postgresql":
+        row = connection.exec_driver_sql(
+            "SELECT a.pid, host(a.client_addr), a.application_name, a.state,"
+            " round(extract(epoch FROM clock_timestamp() - a.xact_start))::int"
+            " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            f" WHERE l.locktype = 'advisory' AND l.granted AND l.objid = {_MIGRATION_LOCK} AND l.classid = 0"
+        ).first()
+        if row is None:
+            return None
+        pid, client, application, state, held = row
+        return {"pid": pid, "from": client or "a local socket", "application": application, "state": state,
+                "held_s": held}  # fmt: skip
+    row = connection.exec_driver_sql(
+        "SELECT p.id, p.host, p.command, p.time FROM information_schema.processlist p"
+        " WHERE p.id = IS_USED_LOCK('roadie.migrate')"
+    ).first()
+    if row is None:
+        return None
+    pid, client, command, held = row
+    return {"pid": pid, "from": client, "state": command, "held_s": held}
+
+
+def _held(holder: dict[str, Any] | None, how_to_end: str) -> MigrationLockHeld:
+    if holder is None:
+        return MigrationLockHeld(
+            f"the migration lock was held by another session for {MIGRATION_LOCK_WAIT:.0f} s; try again"
+        )
+    return MigrationLockHeld(
+        f"session {holder['pid']} (from {holder['from']}, {holder['state']} for {holder['held_s']} s) has held "
+        f"Roadie's migration lock for over {MIGRATION_LOCK_WAIT:.0f} s: another process is migrating the schema, "
+        f"or stopped half way. Wait for it, or stop that process, or end its session ({how_to_end.format(**holder)})"
+    )
