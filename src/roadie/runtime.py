@@ -11,6 +11,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import structlog
+from sqlalchemy.engine import make_url
+
 from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
 from roadie.engine import Engine, EngineOptions
@@ -19,6 +22,8 @@ from roadie.errors import ConfigError
 from roadie.registry import Registry, build_registry
 from roadie.remote import Remotes, attach_remote_modules, refresh_pull_module
 from roadie.store import Store, dialects
+
+log = structlog.get_logger(__name__)
 
 if TYPE_CHECKING:  # the gateway is a web app: its libraries are the `web` extra's
     from roadie.remote.gateway import Gateway
@@ -54,19 +59,32 @@ async def open_context(
     concurrency: int | None = None,
     claim_ttl: float | None = None,
     read_only: bool = False,
+    looks: bool = False,
 ) -> AsyncIterator[Context]:
     """Open the database (migrating it), load the modules, and build one engine.
 
-    `read_only` is for a command that only looks (`event validate`): it creates nothing
+    `read_only` is for a command that only checks (`event validate`): it creates nothing
     where it is run. The modules are loaded without their setup (no world file is made),
     and a SQLite database that does not exist yet is not made either: an empty one in
-    memory stands in for it, which holds no announced module, as the missing file would."""
+    memory stands in for it, which holds no announced module, as the missing file would.
+    `looks` is for a command that only reads what is stored (`run list`, `workers`...):
+    where the SQLite file does not exist (in a folder that does) it is the same, and says
+    so; where it does, the modules are set up as for any command."""
     settings = load_settings(database_url, config)
     webhooks = parse_webhooks(settings.webhooks, settings.source)
     clock = SystemClock()
-    registry = build_registry(settings.modules, clock=clock, base_dir=settings.base_dir, open_states=not read_only)
     url = settings.database_url
-    if read_only and not dialects.exists(url):
+    stand_in = (read_only or looks) and not dialects.exists(url)
+    if stand_in and looks:
+        if dialects.missing_folder(make_url(url)) is not None:
+            stand_in = False  # opening it says which folder is missing: likely a mistyped URL
+        else:
+            file = dialects.sqlite_file(make_url(url))
+            log.warning("no database here yet: nothing has been stored in it", file=str(file))
+    registry = build_registry(
+        settings.modules, clock=clock, base_dir=settings.base_dir, open_states=not (read_only or stand_in)
+    )
+    if stand_in:
         url = dialects.IN_MEMORY
     store = await Store.open(url)
     try:

@@ -91,6 +91,28 @@ def test_validate_creates_nothing_where_it_is_run(folder: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["bad.yaml", "quick.yaml"]
 
 
+def test_commands_that_only_read_create_nothing_where_nothing_is(folder: Path) -> None:
+    """Before: `run list`, `audit`, `workers` and the other listings made an empty
+    roadie.db (and sandbox.db) wherever they were run, so a typo'd folder looked like one
+    where nothing had happened. Now they answer from an empty stand-in, say that there is
+    no database here yet, and leave the folder as it was; `run show 1` is 'no run 1'."""
+    for command in (
+        ["run", "list"], ["event", "list"], ["audit"], ["leases"], ["workers"], ["token", "list"],
+        ["webhooks", "list"], ["run", "list", "--json"],
+    ):  # fmt: skip
+        code, out = roadie(*command)
+        assert code == 0, (command, out)
+        assert "no database here yet" in out, (command, out)
+    code, out = roadie("run", "show", "1")
+    assert code == 66, out
+    assert "no run 1" in out
+    assert list(folder.iterdir()) == []
+    code, out = roadie("init")
+    assert code == 0, out
+    code, out = roadie("run", "list")
+    assert (code, "no database here yet" in out) == (0, False), out
+
+
 def test_a_module_file_beside_roadie_toml_is_importable(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module in `mygame.py` next to `roadie.toml` is found without PYTHONPATH, wherever
     the command is run from."""

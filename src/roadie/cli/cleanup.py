@@ -234,7 +234,7 @@ def leases(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.leases_in_force()
 
-    rows = in_context(database_url, config, work, as_json=as_json)
+    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json([asdict(r) for r in rows])
         return
@@ -262,7 +262,7 @@ def audit(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_audit(f"run:{run_id}" if run_id else None, limit)
 
-    rows = in_context(database_url, config, work, as_json=as_json)
+    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json([asdict(r) for r in rows])
         return

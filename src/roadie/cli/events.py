@@ -69,7 +69,7 @@ def event_list(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_events()
 
-    rows = in_context(database_url, config, work, as_json=as_json)
+    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json([{"id": r.event_id, "version": r.version, "title": r.title} for r in rows])
         return

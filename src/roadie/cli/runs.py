@@ -190,7 +190,7 @@ def run_list(
     async def work(ctx: Context) -> list[RunRow]:
         return await ctx.store.list_runs(status=status, event_id=event, limit=limit)
 
-    runs = in_context(database_url, config, work, as_json=as_json)
+    runs = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json([_run_dict(r) for r in runs])
         return
@@ -223,7 +223,7 @@ def run_show(
         steps, resources = await ctx.store.list_steps(run_id), await ctx.store.list_resources(run_id)
         return run, steps, resources, await ctx.engine.cleanup.preview(run_id)
 
-    run, steps, resources, left = in_context(database_url, config, work, as_json=as_json)
+    run, steps, resources, left = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json(
             {

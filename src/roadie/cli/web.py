@@ -122,7 +122,7 @@ def token_list(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_tokens()
 
-    rows = in_context(database_url, config, work, as_json=as_json)
+    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json([{k: v for k, v in asdict(r).items() if k != "secret_hash"} for r in rows])
         return

@@ -42,7 +42,7 @@ def list_deliveries(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.list_deliveries(run_id, limit)
 
-    rows = in_context(database_url, config, work, as_json=as_json)
+    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json([asdict(r) for r in rows])
         return

@@ -134,7 +134,7 @@ def workers_list(
         now = ctx.engine.clock.now()
         return now, await ctx.store.list_workers(now, ctx.engine.options.claim_ttl)
 
-    now, rows = in_context(database_url, config, work, as_json=as_json)
+    now, rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
         print_json([asdict(r) for r in rows])
         return
