@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos lint bench clean chromium pgbouncer constraints
+.PHONY: demo test chaos lint bench clean chromium pgbouncer constraints sdk
 
 # The versions in constraints.txt are those the suite last passed with.
 $(STAMP): pyproject.toml constraints.txt
@@ -51,9 +51,14 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.sim --seeds 500 --backend mariadb --report .chaos.jsonl 2>>.sim-failures.txt || status=1; \
 	$(BIN)/python -m tests.chaos.figures .chaos.jsonl; exit $$status
 
+# The plugin SDK alone, as the wheel dist/roadie_plugin-*.whl (sdk/build.py): for a game
+# server's module server, without the engine's libraries.
+sdk: $(STAMP)
+	$(BIN)/python sdk/build.py --out dist
+
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks sdk
+	$(BIN)/ruff format --check src tests benchmarks sdk
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -8,12 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
 import pytest
 
 from tests.databases import Database
+from tests.plugin import test_standalone as standalone
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600
@@ -111,3 +113,29 @@ def test_with_the_web_extra_the_web_commands_start(installed: Path, tmp_path: Pa
         assert done.returncode == 0, done.stderr
     imported = _run(installed / "python", "-c", "import roadie.web, roadie.remote.gateway, roadie.plugin")
     assert imported.returncode == 0, imported.stderr
+
+
+def test_the_plugin_sdk_alone_installs_without_the_engines_libraries(tmp_path: Path) -> None:
+    """`roadie-plugin` (sdk/build.py, `make sdk`), installed into a fresh virtual
+    environment, brings pydantic, httpx, Starlette, structlog and uvicorn and none of the
+    engine's libraries, and serves a module: a signed manifest and dispatch answered."""
+    sdk = tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]
+    full = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert (sdk["version"], sdk["dependencies"]) == (full["version"], full["optional-dependencies"]["plugin"])
+    built = _run(sys.executable, ROOT / "sdk" / "build.py", "--out", tmp_path / "dist")
+    assert built.returncode == 0, built.stderr
+    wheel = Path(built.stdout.strip().splitlines()[-1])
+    home = tmp_path / "venv"
+    venv.create(home, with_pip=True)
+    python = home / "bin" / "python"
+    done = _run(python, "-m", "pip", "install", "--quiet", "-c", ROOT / "constraints.txt", wheel)
+    assert done.returncode == 0, done.stderr
+    installed = _run(python, "-m", "pip", "list", "--format=freeze").stdout.lower()
+    names = {line.split("==")[0].replace("_", "-") for line in installed.splitlines()}
+    assert "roadie-plugin" in names
+    engine_only = {"sqlalchemy", "alembic", "aiosqlite", "psycopg", "asyncmy", "fastapi", "jinja2", "typer", "rich"}
+    assert names & engine_only == set(), sorted(names)
+    served = _run(python, "-c", standalone.SCRIPT, ",".join(standalone.REFUSED), cwd=tmp_path)
+    assert served.returncode == 0, served.stderr
+    assert served.stdout.splitlines()[-1:] == ["served"], served.stdout
+    assert not (home / "bin" / "roadie").exists()  # the command line is the full distribution's
