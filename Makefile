@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos lint bench clean chromium pgbouncer constraints sdk
+.PHONY: demo test chaos lint bench clean chromium pgbouncer netns constraints sdk
 
 # The versions in constraints.txt are those the suite last passed with.
 $(STAMP): pyproject.toml constraints.txt
@@ -22,7 +22,7 @@ demo: $(STAMP)
 	rm -rf .demo && mkdir -p .demo
 	cd .demo && ../$(BIN)/roadie demo
 
-test: $(STAMP) chromium pgbouncer
+test: $(STAMP) chromium pgbouncer netns
 	$(BIN)/python -m pytest
 
 # The dashboard's browser test drives Debian's Chromium (Playwright downloads no browser).
@@ -35,14 +35,21 @@ pgbouncer:
 	@[ -x /usr/sbin/pgbouncer ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; } || echo "pgbouncer missing: apt-get install -y pgbouncer (as root) for the pgbouncer backend"
 	@command -v systemd-analyze >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd; } || echo "systemd-analyze missing: apt-get install -y systemd (as root) for tests/deploy"
 
+# tests/chaos/test_network.py puts workers on hosts of their own (network namespaces, made
+# with iproute2) and cuts their links with nftables; it needs root, as CI has.
+netns:
+	@{ command -v ip && command -v tc && command -v nft; } >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables; } || echo "ip, tc or nft missing: apt-get install -y iproute2 nftables (as root) for tests/chaos/test_network.py"
+
 # The crash-and-fault suite at the size docs/reliability.md reports, on every database
-# (about 45 minutes on 2 cores; it stops and starts the machine's PostgreSQL once), then the
+# (about 50 minutes on 2 cores; it stops and starts the machine's PostgreSQL once, and
+# fails over clusters and cuts network links of its own), then the
 # many-worker simulation (tests/sim: 10,000 seeds on SQLite, 500 on each server, several hours;
 # failing seeds with their traces go to .sim-failures.txt);
 # `make test` runs it at CI size.
-chaos: $(STAMP)
+chaos: $(STAMP) netns
 	rm -f .chaos.jsonl
-	ROADIE_CHAOS_RESTART=1 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/chaos -m chaos \
+	ROADIE_CHAOS_RESTART=1 ROADIE_CHAOS_REPORT=.chaos.jsonl ROADIE_NETWORK_RUNS=200 ROADIE_NETWORK_SECONDS=120 \
+		ROADIE_FAILOVERS=3 ROADIE_FAILOVER_RUNS=40 $(BIN)/python -m pytest tests/chaos -m chaos \
 		--chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
 	ROADIE_REMOTE_TRIALS=5 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/remote -k exact_through
 	status=0; \

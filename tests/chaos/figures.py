@@ -67,6 +67,20 @@ def tables(lines: list[dict[str, Any]]) -> str:
         out.append(f"- {x['backend']}: {x['killed']} connections killed under a worker carrying {x['runs']} runs")
     for x in (x for x in lines if x["suite"] == "restart"):
         out.append(f"- {x['backend']} restarted under a worker carrying {x['runs']} runs: away {x['down_seconds']} s")
+    for x in (x for x in lines if x["suite"] == "network"):
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(x["faults"].items()))
+        out.append(
+            f"- network, 3 worker hosts, {x['runs']} runs, seed {x['seed']}: faults over {x['seconds']} s while runs "
+            f"were in flight: {faults}; "
+            f"{x['late_answers_refused']} late answers refused; {x['objects']} objects made, "
+            f"{x['resources_lost']} lost, {x['removed_twice']} removed twice"
+        )
+    for x in (x for x in lines if x["suite"] == "failover"):
+        out.append(
+            f"- failover: {x['failovers']} under {x['runs']} runs (in flight: {x['runs_in_flight']}), primary gone "
+            f"{x['down_seconds']} s; {x['objects']} objects made, {x['resources_lost']} lost, "
+            f"{x['removed_twice']} removed twice"
+        )
     remote = [x for x in lines if x["suite"] == "remote"]
     if remote:
         out += [

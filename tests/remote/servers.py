@@ -27,8 +27,11 @@ class SandboxServer:
     """The sandbox world as a remote module server, which a test may kill -9 and restart
     on the same files and port."""
 
-    def __init__(self, home: Path, *flags: str, port: int | None = None, pull: str | None = None) -> None:
+    def __init__(
+        self, home: Path, *flags: str, port: int | None = None, pull: str | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.home = home
+        self.host = host
         self.world = home / "world.db"
         self.ledger = home / "world-keys.db"
         self.port = port or free_port()
@@ -39,12 +42,12 @@ class SandboxServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, *, wait: bool = True) -> SandboxServer:
         command = [
             str(Path(sys.executable).parent / "roadie"), "--log-level", "info", "sandbox", "serve",
-            "--port", str(self.port), "--db", str(self.world), "--ledger", str(self.ledger),
+            "--host", self.host, "--port", str(self.port), "--db", str(self.world), "--ledger", str(self.ledger),
             "--secret", SECRET, *self.flags,
         ]  # fmt: skip
         if self.pull:
