@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ from roadie.engine import Engine
 from roadie.registry import build_registry
 from roadie.store import Store
 from roadie.web import tokens
+from roadie.web.auth import COOKIE
 
 INVASION = Path(__file__).resolve().parents[1] / "src/roadie/examples/invasion.yaml"
 
@@ -120,8 +122,11 @@ def main(argv: list[str]) -> int:
                         break
                 except httpx.TransportError:
                     time.sleep(0.05)
-            login = httpx.post(f"{base}/login", data={"token": token})
-            cookies = dict(login.cookies)
+            with httpx.Client(base_url=base) as browser:  # the sign-in form, then its post, as a browser
+                form = re.search(r'name="csrf" value="([^"]+)"', browser.get("/login").text)
+                assert form is not None
+                browser.post("/login", data={"token": token, "csrf": form.group(1)})
+                cookies = {COOKIE: browser.cookies[COOKIE]}
             rows = []
             for label, path, headers, jar in (
                 (

@@ -138,9 +138,18 @@ def test_role_matrix(site: Site) -> None:
     assert not wrong, wrong
 
 
+def _login_form_token(site: Site) -> str:
+    """The sign-in page's form token (its cookie is kept by the client)."""
+    page = site.client.get("/login")
+    match = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert match is not None, page.text
+    return match.group(1)
+
+
 def _login(site: Site, role: str) -> str:
     """Sign in on the dashboard with `role`'s token; answers the page's CSRF token."""
-    response = site.client.post("/login", data={"token": site.tokens[role]}, follow_redirects=False)
+    form = {"token": site.tokens[role], "csrf": _login_form_token(site)}
+    response = site.client.post("/login", data=form, follow_redirects=False)
     assert response.status_code == 303
     cookie = response.headers["set-cookie"]
     assert "HttpOnly" in cookie
@@ -158,7 +167,7 @@ def test_dashboard_sessions_need_csrf_and_the_right_role(site: Site) -> None:
     anonymous = site.client.get("/", headers={"accept": "text/html"}, follow_redirects=False)
     assert anonymous.status_code == 303
     assert anonymous.headers["location"] == "/login"
-    bad = site.client.post("/login", data={"token": "rd_000000000000_nope"})
+    bad = site.client.post("/login", data={"token": "rd_000000000000_nope", "csrf": _login_form_token(site)})
     assert bad.status_code == 401
     assert "not valid" in bad.text
 
@@ -275,3 +284,66 @@ def test_a_preview_says_what_a_run_would_do_and_who_holds_its_settings(site: Sit
     elsewhere = site.client.post("/events/quick-raid/runs", data=form).text
     assert "<code>sandbox.weather#minoc</code>" in elsewhere
     assert "this borrow would be refused" not in elsewhere
+
+
+def test_signing_in_needs_the_sign_in_pages_own_form(site: Site) -> None:
+    """Before: a page on another site could post a token to /login and sign a browser in
+    as the attacker (login CSRF). Now the form carries a token that must match a cookie
+    only the sign-in page sets (SameSite=Strict): a post without it, or with another, is
+    refused with a fresh form, and signs nobody in."""
+    token = site.tokens["operator"]
+    for form in ({"token": token}, {"token": token, "csrf": "forged" * 4}):
+        site.client.cookies.clear()
+        if "csrf" in form:
+            _login_form_token(site)  # a real cookie, but not for this form
+        refused = site.client.post("/login", data=form, follow_redirects=False)
+        assert refused.status_code == 403, refused.text
+        assert "sign in again" in refused.text
+        assert site.client.get("/api/v1/me").status_code == 401
+    cookie = site.client.get("/login").headers["set-cookie"]
+    assert "roadie_login_csrf=" in cookie
+    assert "samesite=strict" in cookie.lower()
+    _login(site, "operator")
+    assert site.client.get("/api/v1/me").json()["via"] == "session"
+
+
+def test_every_answer_carries_the_security_headers_and_signed_in_pages_are_not_stored(site: Site) -> None:
+    """Before: no Cache-Control, X-Frame-Options or content policy, so back after signing
+    out showed the cached page, and any site could frame the dashboard."""
+    _login(site, "viewer")
+    for path in ("/", "/login", "/api/v1/runs", "/events", "/docs", "/healthz"):
+        headers = site.client.get(path, headers={"accept": "text/html"}).headers
+        assert headers["x-frame-options"] == "DENY", path
+        assert headers["x-content-type-options"] == "nosniff", path
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], path
+        assert headers["cache-control"] == "no-store", path
+    page_policy = site.client.get("/").headers["content-security-policy"]
+    assert "script-src 'self';" in page_policy  # no inline script on the dashboard's pages
+    static = site.client.get("/static/style.css").headers
+    assert "cache-control" not in static or "no-store" not in static["cache-control"]
+
+
+def test_the_api_docs_are_served_without_a_cdn(site: Site) -> None:
+    """Before: /docs loaded Swagger UI from a CDN, and was blank offline. Now every file it
+    loads is this server's own."""
+    page = site.client.get("/docs")
+    assert page.status_code == 200
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sources, page.text
+    for source in sources:
+        assert source.startswith("/"), f"/docs loads {source} from elsewhere"
+        assert site.client.get(source).status_code == 200, source
+    assert site.client.get("/openapi.json").status_code == 200
+
+
+def test_a_bad_address_in_a_browser_is_a_page_not_json(site: Site) -> None:
+    """Before: /runs/abc showed the API's raw JSON in a browser. Now it is the dashboard's
+    404 page; the API still answers JSON."""
+    _login(site, "viewer")
+    page = site.client.get("/runs/abc", headers={"accept": "text/html"})
+    assert page.status_code == 404
+    assert page.headers["content-type"].startswith("text/html")
+    assert "no such page" in page.text
+    api = site.client.get("/api/v1/runs/abc", headers={"accept": "text/html"})
+    assert api.status_code == 422
+    assert api.json()["field"]

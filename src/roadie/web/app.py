@@ -19,7 +19,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, StoreError
 from roadie.remote.gateway import gateway_router
@@ -72,12 +75,16 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
                     engine.stop()
                     await asyncio.gather(state.worker_task, return_exceptions=True)
 
-    app = FastAPI(
+    # /docs is Swagger UI served from this process (fastapi-offline's copy), not a CDN.
+    app = FastAPIOffline(
         title="Roadie",
         summary="Run live events against a world other software owns, and take back down what they changed.",
         version="1",
         lifespan=lifespan,
+        redoc_url=None,
+        static_url="/static/api-docs",
     )
+    app.add_middleware(SecurityHeaders)
     app.include_router(api.router)
     app.include_router(dashboard.router)
     app.include_router(gateway_router(lambda request: request.app.state.gateway))
@@ -102,6 +109,47 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
+
+
+# Every page's scripts and styles are this server's own files; inline style attributes
+# (the timeline's bars) are the one exception. Swagger UI's page starts itself with an
+# inline script.
+POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+DOCS_POLICY = POLICY.replace("script-src 'self'", "script-src 'self' 'unsafe-inline'")
+
+
+class SecurityHeaders:
+    """The headers every answer carries: no framing, no sniffing, no referrer beyond this
+    site, the content policy above, and `no-store` on everything but the static files, so
+    that a signed-in page is not kept by the browser (back after signing out shows the
+    sign-in page, not the cached one) nor by a proxy. Pure ASGI, so that the live pages'
+    event streams pass through untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        policy = DOCS_POLICY if path == "/docs" else POLICY
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("Content-Security-Policy", policy)
+                headers.setdefault("X-Frame-Options", "DENY")
+                headers.setdefault("X-Content-Type-Options", "nosniff")
+                headers.setdefault("Referrer-Policy", "same-origin")
+                if not path.startswith("/static/"):
+                    headers.setdefault("Cache-Control", "no-store")
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def _worker_ended(task: asyncio.Task[Any]) -> None:
@@ -149,6 +197,10 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     first = errors[0] if errors else {}
     field = ".".join(str(p) for p in first.get("loc", ()))
     message = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request"))
+    if _wants_html(request):
+        # /runs/abc in a browser: a page that names what is wrong, not the API's JSON.
+        in_path = bool(first.get("loc")) and first["loc"][0] == "path"
+        return dashboard.error_page(request, 404 if in_path else 422, "no such page" if in_path else message)
     problems = [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg")} for e in errors]
     return JSONResponse({"error": message, "field": field or None, "problems": problems}, status_code=422)
 

@@ -7,7 +7,9 @@ session's CSRF token; after a form the browser is redirected (POST, redirect, GE
 
 from __future__ import annotations
 
+import hmac
 import json
+import secrets
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -67,18 +69,42 @@ def _back(url: str) -> Response:
 # -- signing in ---------------------------------------------------------------------------
 
 
+LOGIN_CSRF = "roadie_login_csrf"
+
+
+def _login_form(request: Request, status_code: int = 200, error: str | None = None) -> Response:
+    """The sign-in page, with a fresh token for its form in a cookie of its own (double
+    submit): a page on another site cannot sign a browser in under the attacker's token."""
+    token = secrets.token_urlsafe(24)
+    response = _render(request, "login.html", None, status_code=status_code, error=error, login_csrf=token)
+    response.set_cookie(
+        LOGIN_CSRF,
+        token,
+        max_age=3600,
+        httponly=True,
+        samesite="strict",
+        secure=state_of(request).options.secure_cookies,
+    )
+    return response
+
+
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request) -> Response:
-    return _render(request, "login.html", None, error=None)
+    return _login_form(request)
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request, token: Annotated[str, Form(max_length=400)]) -> Response:
+async def login(
+    request: Request, token: Annotated[str, Form(max_length=400)], csrf: Annotated[str, Form(max_length=100)] = ""
+) -> Response:
     """Sign in with an API token; the session then carries its role."""
+    expected = request.cookies.get(LOGIN_CSRF, "")
+    if not expected or not hmac.compare_digest(csrf.encode(), expected.encode()):
+        return _login_form(request, 403, "This sign-in form has expired or came from elsewhere; sign in again.")
     state = state_of(request)
     row = await auth.check_token(state, token)
     if row is None:
-        return _render(request, "login.html", None, status_code=401, error="That token is not valid.")
+        return _login_form(request, 401, "That token is not valid.")
     cookie = await auth.open_session(state, row)
     response = _back("/")
     response.set_cookie(
@@ -89,6 +115,7 @@ async def login(request: Request, token: Annotated[str, Form(max_length=400)]) -
         samesite="lax",
         secure=state.options.secure_cookies,
     )
+    response.delete_cookie(LOGIN_CSRF)
     return response
 
 
