@@ -229,3 +229,18 @@ def test_a_database_that_cannot_be_opened_is_one_line_saying_what_to_do(
     [message] = error["messages"]
     assert says in message
     assert "planted-secret" not in output
+
+
+def test_actions_lists_what_the_modules_offer(workdir: Path) -> None:
+    """`roadie actions`: each action with its parameters and reversible class, each lease
+    and how it is borrowed; `--json` adds each one's schema and an example step."""
+    code, out = roadie("actions")
+    assert code == 0, out
+    assert "sandbox.spawn" in out
+    assert "kind*: string" in out
+    assert "per target, by one run at a time" in out
+    listed = runner.invoke(app, ["actions", "--json"])
+    assert listed.exit_code == 0, listed.output
+    modules = {m["name"]: m for m in json.loads(listed.stdout)}
+    assert "sandbox.place_item" in {a["id"] for a in modules["sandbox"]["actions"]}
+    assert all(a["example"].startswith(f"- action: {a['id']}") for a in modules["sandbox"]["actions"])

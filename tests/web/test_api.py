@@ -361,3 +361,24 @@ def test_the_events_pages_show_each_event_its_versions_and_sources(site: Site) -
     assert "<code>0 20 * * 5</code>" in listing
     assert "Europe/London" in listing
     assert "Scheduled: <code>0 20 * * 5</code>, next at " in site.get("/events/weekly-raid").text
+
+
+def test_the_catalogue_shows_each_action_and_lease_with_an_example(site: Site) -> None:
+    """The Catalogue page and `GET /api/v1/catalogue`: what the modules offer an author,
+    in one serialisation with `roadie actions --json`."""
+    body = site.get("/api/v1/catalogue").json()
+    modules = {m["name"]: m for m in body}
+    spawn = next(a for a in modules["sandbox"]["actions"] if a["id"] == "sandbox.spawn")
+    assert spawn["reversible"] == "ledger"
+    assert spawn["schema"]["required"] == ["kind", "region"]
+    assert spawn["example"].startswith("- action: sandbox.spawn")
+    assert {lease["id"] for lease in modules["sandbox"]["leases"]} == {
+        "sandbox.motd",
+        "sandbox.weather",
+        "sandbox.xp_rate",
+    }
+    page = site.get("/catalogue")
+    assert page.status_code == 200
+    assert 'id="action-sandbox.spawn"' in page.text
+    assert "with: {kind: &lt;kind&gt;, region: &lt;region&gt;}" in page.text
+    assert site.get("/api/v1/catalogue", role=None).status_code == 401

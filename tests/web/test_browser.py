@@ -79,6 +79,23 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
         process.stderr.close()
 
 
+# Every page staff reach, checked at both widths for width and accessibility.
+PAGES = ("/", "/events", "/events/invasion", "/runs/1", "/runs/1/ledger", "/leases", "/catalogue", "/workers", "/audit")
+
+
+def _accessibility(page: Any, path: str, width: str) -> list[str]:
+    """axe-core's serious and critical violations on the page as it stands (WCAG 2.1 A
+    and AA rules, and axe's best practices), one line each."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    found = Axe().run(page, options={"resultTypes": ["violations"]}).response["violations"]
+    return [
+        f"{path} at {width}: {v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
+        for v in found
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
 def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -90,6 +107,7 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
         try:
             page = browser.new_page(viewport={"width": 1366, "height": 900})
             page.goto(f"{base}/login")
+            assert _accessibility(page, "/login", "1366 px") == []
             page.fill("#token", token)
             page.click("button[type=submit]")
             expect(page.locator("h1")).to_have_text("Runs")
@@ -127,23 +145,20 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
 
             # On a phone (390 px) no page is wider than the screen: its tables and the
             # timeline scroll inside their own boxes, and the header wraps.
-            page.set_viewport_size({"width": 390, "height": 844})
-            for path in (
-                "/",
-                "/events",
-                "/events/invasion",
-                "/runs/1",
-                "/runs/1/ledger",
-                "/leases",
-                "/workers",
-                "/audit",
-            ):
+            problems: list[str] = []
+            for path in PAGES:
                 page.goto(base + path)
+                problems += _accessibility(page, path, "1366 px")
+            page.set_viewport_size({"width": 390, "height": 844})
+            for path in PAGES:
+                page.goto(base + path)
+                problems += _accessibility(page, path, "390 px")
                 wide = page.evaluate("document.documentElement.scrollWidth")
                 assert wide <= 390, f"{path} is {wide} px wide on a 390 px screen"
                 assert page.locator("header.top button").is_visible(), f"{path}: Sign out is off-screen"
                 if os.environ.get("ROADIE_SCREENSHOT") == "1" and path in PHONE_SHOTS:
                     (SCREENSHOT.parent / PHONE_SHOTS[path]).write_bytes(page.screenshot(full_page=True))
+            assert not problems, "\n".join(problems)
             page.set_viewport_size({"width": 1366, "height": 900})
             page.goto(f"{base}/runs/1")
 

@@ -70,6 +70,7 @@ CALLS = [
     Call("GET", "/api/v1/events/{event_id}", "viewer", fixed("/api/v1/events/quick-raid")),
     Call("GET", "/api/v1/events/{event_id}/versions", "viewer", fixed("/api/v1/events/quick-raid/versions")),
     Call("GET", "/api/v1/runs", "viewer", fixed("/api/v1/runs")),
+    Call("GET", "/api/v1/catalogue", "viewer", fixed("/api/v1/catalogue")),
     Call("POST", "/api/v1/runs", "operator", start_body),
     Call("POST", "/api/v1/runs/batch", "operator", start_many_body),
     Call("GET", "/api/v1/runs/{run_id}", "viewer", fixed("/api/v1/runs/{run}")),

@@ -11,6 +11,7 @@ from importlib import metadata
 
 import typer
 
+from roadie.cli.catalogue import actions
 from roadie.cli.cleanup import audit, cleanup, forget, leases, sweep
 from roadie.cli.conformance import conformance
 from roadie.cli.events import event_app
@@ -63,6 +64,7 @@ app.command()(cleanup)
 app.command()(forget)
 app.command()(sweep)
 app.command()(leases)
+app.command()(actions)
 app.command()(audit)
 app.command()(demo)
 app.add_typer(token_app, name="token")

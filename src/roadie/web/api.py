@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
+from roadie.definitions.catalogue import ModuleEntry, catalogue
 from roadie.errors import DefinitionError, Problem
 from roadie.states import ResourceState, RunStatus
 from roadie.web import schemas, service, tokens
@@ -214,6 +215,13 @@ async def forget(request: Request, resource_id: RowId, body: schemas.Forget, who
 async def leases(request: Request, who: Viewer) -> Any:
     """Leases in force: which run holds which target, until when (none: until cleanup)."""
     return [service.lease_view(r) for r in await state_of(request).store.leases_in_force()]
+
+
+@router.get("/catalogue", response_model=list[ModuleEntry], tags=["catalogue"], responses=ERRORS)
+async def catalogue_of_modules(request: Request, who: Viewer) -> Any:
+    """What the loaded modules offer an event's author: each action's parameters (its
+    JSON Schema), reversible class and an example step; each lease and how it is borrowed."""
+    return catalogue(state_of(request).registry)
 
 
 @router.get("/schedules", response_model=list[schemas.Schedule], tags=["schedules"], responses=ERRORS)

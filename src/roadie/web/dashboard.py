@@ -18,6 +18,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from roadie.definitions import EventDefinition
+from roadie.definitions.catalogue import catalogue
 from roadie.engine.cleanup import describe
 from roadie.errors import DefinitionError, Problem, RoadieError
 from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, WorkerState
@@ -387,6 +388,11 @@ async def cleanup(
 
 
 # -- the world ----------------------------------------------------------------------------
+
+
+@router.get("/catalogue", response_class=HTMLResponse)
+async def catalogue_page(request: Request, who: Viewer) -> Response:
+    return _render(request, "catalogue.html", who, modules=catalogue(state_of(request).registry))
 
 
 @router.get("/leases", response_class=HTMLResponse)
