@@ -30,7 +30,7 @@ def test_every_action_and_lease_is_listed_and_each_example_is_a_step_an_event_ac
     params = {p.name: p for p in spawn.params}
     assert (params["kind"].required, params["count"].required, params["count"].default) == (True, False, 1)
     assert params["count"].type == "integer (≥ 1, ≤ 500)"
-    assert "with: {kind: <kind>, region: <region>}" in spawn.example
+    assert "with: {kind: orc, region: britain}" in spawn.example  # the e.g. of its descriptions
     assert "target: <target>" in leases["sandbox.weather"].example
     assert "priority: 0" in leases["sandbox.motd"].example
     assert "target" not in leases["sandbox.xp_rate"].example
@@ -41,7 +41,8 @@ def test_every_action_and_lease_is_listed_and_each_example_is_a_step_an_event_ac
 
 def test_a_remote_modules_parameters_come_from_the_schema_its_manifest_gave() -> None:
     """A remote action's model is built from JSON Schema: the catalogue reads that schema
-    (its enum, default, bounds, examples), not the model's own."""
+    (its enum, default, bounds, examples), not the model's own; a string it says nothing
+    about is a placeholder to replace."""
     schema = {
         "type": "object",
         "properties": {
@@ -49,8 +50,9 @@ def test_a_remote_modules_parameters_come_from_the_schema_its_manifest_gave() ->
             "size": {"type": "integer", "minimum": 5, "maximum": 50},
             "zone": {"type": "string", "examples": ["yew"]},
             "loud": {"type": "boolean", "default": False},
+            "banner": {"type": "string"},
         },
-        "required": ["mood", "size", "zone"],
+        "required": ["mood", "size", "zone", "banner"],
     }
     module = Module("arena", description="A remote arena")
 
@@ -69,5 +71,9 @@ def test_a_remote_modules_parameters_come_from_the_schema_its_manifest_gave() ->
     assert params["size"].type == "integer (≥ 5, ≤ 50)"
     assert (params["loud"].required, params["loud"].default) == (False, False)
     assert yaml.safe_load(action.example) == [
-        {"action": "arena.crowd", "name": "crowd", "with": {"mood": "calm", "size": 5, "zone": "yew"}}
+        {
+            "action": "arena.crowd",
+            "name": "crowd",
+            "with": {"mood": "calm", "size": 5, "zone": "yew", "banner": "<banner>"},
+        }
     ]

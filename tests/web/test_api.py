@@ -380,5 +380,5 @@ def test_the_catalogue_shows_each_action_and_lease_with_an_example(site: Site) -
     page = site.get("/catalogue")
     assert page.status_code == 200
     assert 'id="action-sandbox.spawn"' in page.text
-    assert "with: {kind: &lt;kind&gt;, region: &lt;region&gt;}" in page.text
+    assert "with: {kind: orc, region: britain}" in page.text
     assert site.get("/api/v1/catalogue", role=None).status_code == 401

@@ -3,10 +3,10 @@ class, its parameters (the JSON Schema a step's `with:` is checked against) and 
 that would call it; each lease with how it is borrowed. `roadie actions` prints it, and
 the dashboard's Catalogue page and `GET /api/v1/catalogue` show it.
 
-An example is made from the schema alone: each required parameter with its `examples`,
-its default, its first allowed value, or a value of its type within its bounds (a
-string as `<name>`, to be replaced), so it is the shape a step needs, not advice on
-what to put in it.
+An example is made from the schema alone (`roadie.registry.examples`, as the conformance
+kit makes its calls): each required parameter with its `examples`, its default, its
+first allowed value, or a value of its type within its bounds (a string as `<name>`, to
+be replaced), so it is the shape a step needs, not advice on what to put in it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from roadie.registry import Registry
+from roadie.registry.examples import example_params, resolve
 from roadie.registry.module import Action, Lease
 from roadie.states import Reversible
 
@@ -85,7 +86,7 @@ def schema_of(action: Action) -> dict[str, Any]:
 def _action(action: Action) -> ActionEntry:
     schema = schema_of(action)
     params = _parameters(schema)
-    with_ = {p.name: _example(p.name, _property(schema, p.name), schema) for p in params if p.required}
+    with_ = example_params(schema, placeholders=True)
     step: dict[str, Any] = {"action": action.id, "name": action.name.replace("_", " ")}
     if with_:
         step["with"] = with_
@@ -141,12 +142,7 @@ def _property(schema: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _resolve(prop: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     """`prop` with a local `$ref` followed, and an optional (`anyOf` with null) unwrapped."""
-    ref = prop.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = schema
-        for part in ref[2:].split("/"):
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        return {**target, **{k: v for k, v in prop.items() if k != "$ref"}}
+    prop = resolve(prop, schema)
     for key in ("anyOf", "oneOf"):
         options = [o for o in prop.get(key, []) if isinstance(o, dict) and o.get("type") != "null"]
         if options:
@@ -164,28 +160,3 @@ def _type_name(prop: dict[str, Any], schema: dict[str, Any]) -> str:
     bounds = [f"≥ {prop['minimum']}" if "minimum" in prop else "", f"≤ {prop['maximum']}" if "maximum" in prop else ""]
     said = ", ".join(b for b in bounds if b)
     return f"{kind} ({said})" if said else str(kind)
-
-
-def _example(name: str, prop: dict[str, Any], schema: dict[str, Any]) -> Any:
-    prop = _resolve(prop, schema)
-    if prop.get("examples"):
-        return prop["examples"][0]
-    for key in ("default", "const"):
-        if key in prop:
-            return prop[key]
-    if prop.get("enum"):
-        return prop["enum"][0]
-    kind = prop.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), None)
-    if kind in ("integer", "number"):
-        low = prop.get("minimum", prop.get("exclusiveMinimum", 0) + 1 if "exclusiveMinimum" in prop else 1)
-        value = max(low, 1) if prop.get("maximum", 1) >= 1 else low
-        return int(value) if kind == "integer" else float(value)
-    if kind == "boolean":
-        return True
-    if kind == "array":
-        return [_example(name, prop.get("items", {}), schema)]
-    if kind == "object":
-        return {}
-    return f"<{name}>"
