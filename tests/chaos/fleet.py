@@ -9,6 +9,7 @@ concurrent runs never hold one lease target.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import random
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,16 @@ class Fleet:
             while proc.poll() is None and time.monotonic() < deadline and b"worker started" not in log.read_bytes():
                 time.sleep(0.05)
 
+    def wait_until(self, what: str, check: Callable[[], bool], seconds: float) -> None:
+        """Until `check()` holds; past `seconds`, fail saying `what` was awaited, with the
+        end of every worker's log."""
+        deadline = time.monotonic() + seconds
+        while not check():
+            if time.monotonic() > deadline:
+                logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted(self.home.glob("worker-*.log")))
+                raise AssertionError(f"{what} within {seconds:.0f}s\n{logs}")
+            time.sleep(0.1)
+
     def stop(self) -> list[int]:
         """SIGTERM every live worker once it is up (a worker started a moment ago may still
         be importing, before it has a handler for the signal); their exit codes."""
@@ -169,6 +180,11 @@ async def create_runs(url: str, world_path: Path, n: int) -> tuple[list[int], di
         await store.close()
         await registry.close()
     return ids, before
+
+
+def all_settled(url: str, ids: list[int]) -> bool:
+    """Whether every one of these runs has ended and been cleaned up, now."""
+    return all(settled(r) for r in asyncio.run(runs_now(url, ids)))
 
 
 async def runs_now(url: str, ids: list[int]) -> list[RunRow]:

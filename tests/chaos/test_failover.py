@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ from roadie.modules.sandbox import SandboxWorld
 from roadie.store import Store
 from tests.chaos import clusters
 from tests.chaos.clusters import Cluster
-from tests.chaos.fleet import Fleet, create_runs, require, runs_now, settled
+from tests.chaos.fleet import Fleet, all_settled, create_runs, require, runs_now, settled
 from tests.chaos.test_faults import _report
 from tests.chaos.worlds import assert_world_invariants, tally_effects, unfinished_runs
 
@@ -45,18 +45,10 @@ SETTINGS = {
 }
 
 
-def _made(world_path: Path) -> int:
+def _reached(world_path: Path, objects: int) -> bool:
+    """Whether the world has seen `objects` made, in all."""
     with SandboxWorld(str(world_path), SystemClock()) as world:
-        return tally_effects(world.effects()).created
-
-
-def _wait(what: str, check: Callable[[], bool], seconds: float, fleet: Fleet) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted(fleet.home.glob("worker-*.log")))
-            raise AssertionError(f"{what} within {seconds:.0f}s\n{logs}")
-        time.sleep(0.1)
+        return tally_effects(world.effects()).created >= objects
 
 
 def _sync(primary: Cluster, standby: str) -> None:
@@ -91,7 +83,7 @@ def test_workers_carry_on_when_the_primary_dies_and_its_synchronous_standby_take
             fleet.start()
         for round_ in range(1, FAILOVERS + 1):
             goal = RUNS * OBJECTS_PER_RUN * round_ // (FAILOVERS + 1)
-            _wait(f"{goal} objects made", lambda goal=goal: _made(world_path) >= goal, 120, fleet)
+            fleet.wait_until(f"{goal} objects made", partial(_reached, world_path, goal), 120)
             in_flight.append(sum(not settled(r) for r in asyncio.run(runs_now(url, ids))))
             began = time.monotonic()
             primary.stop("immediate")
@@ -105,7 +97,7 @@ def test_workers_carry_on_when_the_primary_dies_and_its_synchronous_standby_take
             if round_ < FAILOVERS:
                 standby = primary.standby(f"standby{round_ + 1}", port=dead.port)
                 _sync(primary, f"standby{round_ + 1}")
-        _wait("every run settled", lambda: all(settled(r) for r in asyncio.run(runs_now(url, ids))), 240, fleet)
+        fleet.wait_until("every run settled", lambda: all_settled(url, ids), 240)
         codes = fleet.stop()
     finally:
         fleet.abort()
@@ -122,6 +114,8 @@ def test_workers_carry_on_when_the_primary_dies_and_its_synchronous_standby_take
             await store.close()
 
     assert asyncio.run(unfinished()) == []
+    ended = {(r.status, r.error) for r in asyncio.run(runs_now(url, ids))}
+    assert ended == {("succeeded", None)}, ended  # a failover fails no run
     with SandboxWorld(str(world_path), SystemClock()) as world:
         effects, after = world.effects(), world.snapshot()
     assert_world_invariants(effects, before, after)

@@ -83,6 +83,47 @@ def test_a_failed_claim_does_not_drop_the_dispatches_in_flight(harness: Harness)
     harness.run(body)
 
 
+BORROW_ONCE = """\
+id: borrow-once
+title: A borrow with one attempt
+cleanup: auto
+phases:
+  - name: storm
+    steps:
+      - action: core.lease
+        name: storm
+        with: {lease: sandbox.weather, target: yew, value: storm}
+        retry: {attempts: 1}
+"""
+
+
+def test_a_borrow_whose_saved_value_the_database_lost_is_carried_out_again(harness: Harness) -> None:
+    """Found by the failover test: the primary died while a borrow committed the value it
+    was to give back, and the step failed for good (a `StoreError` was taken for the
+    step's own failure), failing the run. Now it is tried again, even past the step's own
+    attempts (here 1): the borrow is made to be carried out again, and the run succeeds
+    and gives the weather back."""
+    lost: list[str] = []
+
+    def lose_the_first_save(name: str) -> None:
+        if name == "save_lease_value" and not lost:
+            lost.append(name)
+            raise StoreError("save_lease_value: the connection was lost while committing")
+
+    async def body() -> None:
+        before = harness.world.snapshot()["regions"]["yew"]
+        harness.write_points.extra = lose_the_first_save
+        run = await harness.start(BORROW_ONCE)
+        [run] = await harness.settle(run)
+        assert lost, "the save should have failed once"
+        assert (run.status, run.cleanup_status) == ("succeeded", "complete"), run.error
+        step = await harness.step(run, "storm")
+        assert step.attempts == 2
+        assert harness.world.snapshot()["regions"]["yew"] == before
+
+    harness.run(body)
+
+
 def test_a_failed_heartbeat_does_not_drop_the_dispatches_in_flight(harness: Harness) -> None:
     """The heartbeat's write fails while a dispatch is in flight: the drain carries on (a
     claim outlives two missed beats) and the answer is recorded."""

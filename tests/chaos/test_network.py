@@ -24,7 +24,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from roadie.modules.sandbox import SandboxWorld
 from roadie.store import Store
 from tests.chaos import clusters, hosts
 from tests.chaos.clusters import Cluster
-from tests.chaos.fleet import Fleet, create_runs, require, runs_now, settled
+from tests.chaos.fleet import Fleet, all_settled, create_runs, require, runs_now
 from tests.chaos.hosts import Host, Network
 from tests.chaos.test_faults import _report
 from tests.chaos.worlds import EffectsTally, assert_world_invariants, tally_effects, unfinished_runs
@@ -103,15 +103,6 @@ def lan(tmp_path: Path) -> Iterator[Lan]:
         database.remove()
 
 
-def _wait(what: str, check: Callable[[], bool], seconds: float, fleet: Fleet) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted(fleet.home.glob("worker-*.log")))
-            raise AssertionError(f"{what} within {seconds:.0f}s\n{logs}")
-        time.sleep(0.1)
-
-
 def _check_exact(lan: Lan, ids: list[int], before: dict[str, object]) -> EffectsTally:
     """DESIGN §10 after the fact; answers the world's effects, tallied."""
 
@@ -123,6 +114,8 @@ def _check_exact(lan: Lan, ids: list[int], before: dict[str, object]) -> Effects
             await store.close()
 
     assert asyncio.run(unfinished()) == []
+    ended = {(r.status, r.error) for r in asyncio.run(runs_now(lan.url, ids))}
+    assert ended == {("succeeded", None)}, ended  # a network fault fails no run
     with SandboxWorld(str(lan.world.world), SystemClock()) as world:
         world.clear_faults()
         effects, after = world.effects(), world.snapshot()
@@ -159,12 +152,12 @@ def test_a_worker_cut_off_from_the_database_has_its_claims_taken_over_and_its_la
             with SandboxWorld(str(lan.world.world), SystemClock()) as world:
                 return any(d["ended"] is None for d in world.dispatches())
 
-        _wait("a call of A's in the world's hands", a_call_in_flight, 60, fleet)
+        fleet.wait_until("a call of A's in the world's hands", a_call_in_flight, 60)
         a.cut(port=lan.database.port)
         lan.start_worker(fleet, b)
-        _wait("B finished every run", lambda: all(settled(r) for r in asyncio.run(runs_now(lan.url, ids))), 120, fleet)
+        fleet.wait_until("B finished every run", lambda: all_settled(lan.url, ids), 120)
         a.heal()
-        _wait("A's late answers refused", lambda: _late_refusals(fleet) > 0, 90, fleet)
+        fleet.wait_until("A's late answers refused", lambda: _late_refusals(fleet) > 0, 90)
         codes = fleet.stop()
     finally:
         fleet.abort()
@@ -195,7 +188,7 @@ def test_workers_on_a_failing_network_lose_nothing_and_revert_nothing_twice(lan:
         began = time.monotonic()
         heal_at: dict[str, float] = {}
         while time.monotonic() - began < FAULT_SECONDS:
-            if all(settled(r) for r in asyncio.run(runs_now(lan.url, ids))):
+            if all_settled(lan.url, ids):
                 break  # faults after the last run ended would prove nothing
             now = time.monotonic()
             for host in machines:
@@ -220,7 +213,7 @@ def test_workers_on_a_failing_network_lose_nothing_and_revert_nothing_twice(lan:
         faulty_seconds = time.monotonic() - began
         for host in machines:
             host.heal()
-        _wait("every run settled", lambda: all(settled(r) for r in asyncio.run(runs_now(lan.url, ids))), 240, fleet)
+        fleet.wait_until("every run settled", lambda: all_settled(lan.url, ids), 240)
         codes = fleet.stop()
     finally:
         fleet.abort()

@@ -103,12 +103,15 @@ def test_a_migration_lock_held_too_long_is_one_line_naming_its_holder(
 ) -> None:
     """Before: a process started while another session held the migration lock waited
     without a word, for ever on PostgreSQL (on MariaDB 300 s, then 'check that its server
-    is up'). Now it says once that it waits, and after the wait names the session holding
-    the lock and how to end it, exit 69; once the lock is given back it opens."""
+    is up'). Now, after a few seconds' quiet wait (processes starting together wait a
+    moment for each other's migrations), it says once that it waits, and after the wait
+    names the session holding the lock and how to end it, exit 69; once the lock is given
+    back it opens."""
     if database.backend == "sqlite":
         pytest.skip("SQLite's migrations wait on its write lock, which its busy timeout bounds")
     url = database.fresh(tmp_path)
-    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT", 1.0)
+    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT", 1.5)
+    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT_QUIETLY", 0.5)  # then it says it waits
     asyncio.run(_close(Store.open(url)))  # the schema is there: a later open still takes the lock
 
     async def held_while_opening() -> tuple[int, str]:

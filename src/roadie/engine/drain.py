@@ -37,6 +37,7 @@ from roadie.store.rows import StepRow
 log = structlog.get_logger(__name__)
 
 RECORD_ATTEMPTS = 20  # consecutive failures to record a batch before the tick gives up
+STORE_ATTEMPTS = 10  # attempts of a step whose own bookkeeping the database failed, whatever its retry says
 T = TypeVar("T")
 
 
@@ -288,6 +289,13 @@ class Drain(Advance):
             return self._failed(
                 step, started, exc.message or type(exc).__name__, retryable=exc.retryable, delay=exc.next_retry_delay
             )
+        except StoreError as exc:
+            # Roadie's own database failed under the step (a borrow keeps the value it
+            # will give back before it writes the world; a layer changes its stack under
+            # a claim): the borrow is made to be carried out again, and a database
+            # failing over is no fault of the step, so it is retried even past its own
+            # attempts, up to STORE_ATTEMPTS.
+            return self._failed(step, started, exc.message, retryable=True, at_least=STORE_ATTEMPTS)
         except RoadieError as exc:
             return self._failed(step, started, exc.message, retryable=False)
         except asyncio.CancelledError:
@@ -320,10 +328,17 @@ class Drain(Advance):
             raise StepTimeout(f"no answer within {seconds:g}s") from None
 
     def _failed(
-        self, step: StepRow, started: datetime, error: str, *, retryable: bool, delay: float | None = None
+        self,
+        step: StepRow,
+        started: datetime,
+        error: str,
+        *,
+        retryable: bool,
+        delay: float | None = None,
+        at_least: int = 0,
     ) -> Outcome:
         now = self.clock.now()
-        if retryable and step.attempts < step.max_attempts:
+        if retryable and step.attempts < max(step.max_attempts, at_least):
             if delay is None:
                 delay = RetryPolicy.model_validate(step.retry).delay(step.attempts, self.random.random())
             log.info("step will be retried", run_id=step.run_id, step_id=step.id, error=error, delay=delay)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,7 @@ def skip_locked(dialect_name: str, query: Select[Any], *, of: Table | None = Non
 # Any fixed number will do, as long as every Roadie process uses the same one.
 _MIGRATION_LOCK = 0x726F6164  # "road"
 MIGRATION_LOCK_WAIT = 300.0  # seconds a process waits for another's migration before it gives up
+MIGRATION_LOCK_WAIT_QUIETLY = 5.0  # seconds of that it waits before it says it is waiting
 
 
 class MigrationLockHeld(StoreError):
@@ -289,33 +291,40 @@ def lock_for_migration(connection: Connection) -> Callable[[], None]:
     MariaDB: a named lock held by the session. SQLite: the write lock its BEGIN IMMEDIATE
     took already.
 
-    A lock another session holds is waited for, saying so once, for `MIGRATION_LOCK_WAIT`
-    seconds at most; then `MigrationLockHeld` names the holder and how to end it (a
-    process stopped half way through a migration holds it until its session ends)."""
+    A lock another session holds is waited for, saying so once after a few seconds, for
+    `MIGRATION_LOCK_WAIT` seconds at most; then `MigrationLockHeld` names the holder and
+    how to end it (a process stopped half way through a migration holds it until its
+    session ends)."""
     name = connection.dialect.name
+    # A few seconds' wait is processes starting together; past that, it is said.
+    patience = min(MIGRATION_LOCK_WAIT_QUIETLY, MIGRATION_LOCK_WAIT)
+    waits = [w for w in (patience, MIGRATION_LOCK_WAIT - patience) if w > 0]
+    last = len(waits) - 1
+    holder: dict[str, Any] | None = None
     if name == "postgresql":
-        if connection.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({_MIGRATION_LOCK})").scalar():
+        for i, wait in enumerate(waits):
+            connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(wait * 1000)}ms'")
+            try:
+                with connection.begin_nested():  # a savepoint: the holder can be looked up after a timeout
+                    connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                    raise
+                holder = _migration_lock_holder(connection) or holder
+                if i < last:
+                    log.warning("waiting for the migration lock", holder=holder, wait_s=MIGRATION_LOCK_WAIT)
+                continue
+            connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
             return lambda: None
-        holder = _migration_lock_holder(connection)
-        log.warning("waiting for the migration lock", holder=holder, wait_s=MIGRATION_LOCK_WAIT)
-        connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(MIGRATION_LOCK_WAIT * 1000)}ms'")
-        try:
-            with connection.begin_nested():  # a savepoint: the holder can be looked up after a timeout
-                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
-        except DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
-                raise
+        raise _held(holder, "SELECT pg_terminate_backend({pid})")
+    if name in MYSQL_FAMILY:
+        for i, wait in enumerate(waits):
+            if connection.exec_driver_sql(f"SELECT GET_LOCK('roadie.migrate', {math.ceil(wait)})").scalar() == 1:
+                return lambda: connection.exec_driver_sql("SELECT RELEASE_LOCK('roadie.migrate')").close()
             holder = _migration_lock_holder(connection) or holder
-            raise _held(holder, "SELECT pg_terminate_backend({pid})") from exc
-        connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
-    elif name in MYSQL_FAMILY:
-        if connection.exec_driver_sql("SELECT GET_LOCK('roadie.migrate', 0)").scalar() != 1:
-            holder = _migration_lock_holder(connection)
-            log.warning("waiting for the migration lock", holder=holder, wait_s=MIGRATION_LOCK_WAIT)
-            got = connection.exec_driver_sql(f"SELECT GET_LOCK('roadie.migrate', {int(MIGRATION_LOCK_WAIT)})").scalar()
-            if got != 1:
-                raise _held(_migration_lock_holder(connection) or holder, "KILL {pid}")
-        return lambda: connection.exec_driver_sql("SELECT RELEASE_LOCK('roadie.migrate')").close()
+            if i < last:
+                log.warning("waiting for the migration lock", holder=holder, wait_s=MIGRATION_LOCK_WAIT)
+        raise _held(holder, "KILL {pid}")
     return lambda: None
 
 
