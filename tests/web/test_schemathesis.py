@@ -16,6 +16,7 @@ from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from roadie.web import WebOptions, create_app
 from tests.web.conftest import mint_tokens
@@ -41,3 +42,14 @@ def test_no_server_errors(case: Any) -> None:
         case.path_parameters = {"run_id": 10**9}  # an unknown run: 404 at once, never a stream left open
     response = case.call(headers={"Authorization": f"Bearer {ADMIN}"})
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
+
+
+@schema.parametrize()
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_answer_is_one_the_document_declares(case: Any) -> None:
+    """The OpenAPI document is true to the server: every status a route answers, errors
+    included, is declared for it, with the body the server really sends."""
+    if case.path == "/api/v1/runs/{run_id}/events":
+        case.path_parameters = {"run_id": 10**9}
+    response = case.call(headers={"Authorization": f"Bearer {ADMIN}"})
+    case.validate_response(response, checks=[status_code_conformance, response_schema_conformance])

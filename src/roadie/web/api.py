@@ -18,10 +18,26 @@ from roadie.web.live import run_events
 from roadie.web.tokens import Role
 
 router = APIRouter(prefix="/api/v1")
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": schemas.ErrorBody, "description": "No valid token or session."},
-    403: {"model": schemas.ErrorBody, "description": "The token's role may not do this."},
+WHY = {
+    400: "The body is not JSON, or asks for what cannot be done as asked.",
+    401: "No valid token or session.",
+    403: "The token's role may not do this.",
+    404: "No such run, event, resource or token.",
+    409: "What it asks for is not possible now (the run is not in flight; the name is taken).",
+    422: "The request does not fit: `field` names the first problem, `problems` lists them all.",
+    503: "The database is unavailable.",
 }
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route may give, besides those every route may (401, 403, 422,
+    503): each with the one body the server sends for an error."""
+    return {code: {"model": schemas.ErrorBody, "description": WHY[code]} for code in (401, 403, 422, 503, *codes)}
+
+
+ERRORS = _errors()
+FOUND = _errors(404)  # names a row that may not exist
+CHANGES = _errors(400, 404, 409)  # a body, changing a row whose state may not allow it
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
@@ -71,13 +87,13 @@ async def upload_event(request: Request, who: Admin, filename: str = Query("even
     return await service.upload_event(state_of(request), text, filename, who.actor)
 
 
-@router.get("/events/{event_id}", response_model=schemas.EventDetail, tags=["events"], responses=ERRORS)
+@router.get("/events/{event_id}", response_model=schemas.EventDetail, tags=["events"], responses=FOUND)
 async def get_event(request: Request, event_id: str, who: Viewer) -> Any:
     """An event's newest version, with its definition and source."""
     return await state_of(request).store.get_event(event_id)
 
 
-@router.get("/events/{event_id}/versions", response_model=list[schemas.Event], tags=["events"], responses=ERRORS)
+@router.get("/events/{event_id}/versions", response_model=list[schemas.Event], tags=["events"], responses=FOUND)
 async def event_versions(request: Request, event_id: str, who: Viewer) -> Any:
     """Every stored version of an event, newest first."""
     return await state_of(request).store.list_event_versions(event_id)
@@ -103,14 +119,14 @@ async def list_runs(
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
-@router.post("/runs", response_model=schemas.Run, status_code=201, tags=["runs"], responses=ERRORS)
+@router.post("/runs", response_model=schemas.Run, status_code=201, tags=["runs"], responses=CHANGES)
 async def start_run(request: Request, body: schemas.StartRun, who: Operator) -> Any:
     """Start a run of an event with parameters (operator). Every step is rendered and
     validated now, so a bad parameter is refused before anything runs."""
     return await service.start_run(state_of(request), body.event, body.params, who.actor, body.version)
 
 
-@router.post("/runs/batch", response_model=list[schemas.Run], status_code=201, tags=["runs"], responses=ERRORS)
+@router.post("/runs/batch", response_model=list[schemas.Run], status_code=201, tags=["runs"], responses=CHANGES)
 async def start_runs(request: Request, body: schemas.StartRuns, who: Operator) -> Any:
     """Start many runs of one event, one per entry of `runs`, in one transaction (operator).
     Every run is rendered and validated first: one bad parameter refuses them all, and
@@ -119,13 +135,13 @@ async def start_runs(request: Request, body: schemas.StartRuns, who: Operator) -
     return await service.start_runs(state_of(request), body.event, params, who.actor, body.version)
 
 
-@router.get("/runs/{run_id}", response_model=schemas.Run, tags=["runs"], responses=ERRORS)
+@router.get("/runs/{run_id}", response_model=schemas.Run, tags=["runs"], responses=FOUND)
 async def get_run(request: Request, run_id: RowId, who: Viewer) -> Any:
     return await state_of(request).store.get_run(run_id)
 
 
 @router.post(
-    "/runs/{run_id}/cancel", response_model=schemas.CancelAnswer, status_code=202, tags=["runs"], responses=ERRORS
+    "/runs/{run_id}/cancel", response_model=schemas.CancelAnswer, status_code=202, tags=["runs"], responses=CHANGES
 )
 async def cancel_run(request: Request, run_id: RowId, who: Operator) -> Any:
     """Cancel a run (operator): no new dispatches; in-flight steps answer; then cleanup per
@@ -134,7 +150,7 @@ async def cancel_run(request: Request, run_id: RowId, who: Operator) -> Any:
     return {"run_id": run_id, "cancel_requested": True}
 
 
-@router.get("/runs/{run_id}/steps", response_model=list[schemas.Step], tags=["runs"], responses=ERRORS)
+@router.get("/runs/{run_id}/steps", response_model=list[schemas.Step], tags=["runs"], responses=FOUND)
 async def run_steps(request: Request, run_id: RowId, who: Viewer) -> Any:
     """A run's steps in order, with their attempts."""
     store = state_of(request).store
@@ -142,7 +158,7 @@ async def run_steps(request: Request, run_id: RowId, who: Viewer) -> Any:
     return await store.list_steps(run_id)
 
 
-@router.get("/runs/{run_id}/ledger", response_model=list[schemas.Resource], tags=["ledger"], responses=ERRORS)
+@router.get("/runs/{run_id}/ledger", response_model=list[schemas.Resource], tags=["ledger"], responses=FOUND)
 async def run_ledger(request: Request, run_id: RowId, who: Viewer, state: ResourceState | None = None) -> Any:
     """A run's ledger: every resource it recorded, in the order recorded, with its state."""
     store = state_of(request).store
@@ -153,7 +169,7 @@ async def run_ledger(request: Request, run_id: RowId, who: Viewer, state: Resour
 @router.get(
     "/runs/{run_id}/events",
     tags=["runs"],
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "Server-sent events."}},
+    responses={**FOUND, 200: {"content": {"text/event-stream": {}}, "description": "Server-sent events."}},
     response_class=StreamingResponse,
 )
 async def run_stream(request: Request, run_id: RowId, who: Viewer) -> StreamingResponse:
@@ -169,7 +185,7 @@ async def run_stream(request: Request, run_id: RowId, who: Viewer) -> StreamingR
 # -- cleanup ------------------------------------------------------------------------------
 
 
-@router.get("/runs/{run_id}/cleanup/plan", response_model=list[schemas.PlannedCall], tags=["cleanup"], responses=ERRORS)
+@router.get("/runs/{run_id}/cleanup/plan", response_model=list[schemas.PlannedCall], tags=["cleanup"], responses=FOUND)
 async def cleanup_plan(
     request: Request, run_id: RowId, who: Viewer, member_key: str | None = Query(None, max_length=190)
 ) -> Any:
@@ -178,7 +194,7 @@ async def cleanup_plan(
 
 
 @router.get(
-    "/runs/{run_id}/cleanup/preview", response_model=list[schemas.PreviewGroup], tags=["cleanup"], responses=ERRORS
+    "/runs/{run_id}/cleanup/preview", response_model=list[schemas.PreviewGroup], tags=["cleanup"], responses=FOUND
 )
 async def cleanup_preview(
     request: Request, run_id: RowId, who: Viewer, member_key: str | None = Query(None, max_length=190)
@@ -188,7 +204,7 @@ async def cleanup_preview(
     return [asdict(g) for g in await state_of(request).engine.cleanup.preview(run_id, member_key)]
 
 
-@router.post("/runs/{run_id}/cleanup", response_model=schemas.CleanupReport, tags=["cleanup"], responses=ERRORS)
+@router.post("/runs/{run_id}/cleanup", response_model=schemas.CleanupReport, tags=["cleanup"], responses=CHANGES)
 async def cleanup(request: Request, run_id: RowId, who: Operator, body: schemas.StartCleanup | None = None) -> Any:
     """Clean up a run now and report (operator): revert every live resource newest first.
     After `incomplete` this is the retry; `member_key` scopes it to one participant;
@@ -200,7 +216,7 @@ async def cleanup(request: Request, run_id: RowId, who: Operator, body: schemas.
     return report.as_dict()
 
 
-@router.post("/resources/{resource_id}/forget", response_model=schemas.Resource, tags=["cleanup"], responses=ERRORS)
+@router.post("/resources/{resource_id}/forget", response_model=schemas.Resource, tags=["cleanup"], responses=CHANGES)
 async def forget(request: Request, resource_id: RowId, body: schemas.Forget, who: Admin) -> Any:
     """Give up on a resource that can never be reverted (admin); audited with the reason."""
     state = state_of(request)
@@ -258,7 +274,7 @@ async def list_tokens(request: Request, who: Admin) -> Any:
     return await state_of(request).store.list_tokens()
 
 
-@router.post("/tokens", response_model=schemas.MintedToken, status_code=201, tags=["auth"], responses=ERRORS)
+@router.post("/tokens", response_model=schemas.MintedToken, status_code=201, tags=["auth"], responses=_errors(400, 409))
 async def create_token(request: Request, body: schemas.NewToken, who: Admin) -> Any:
     """Mint a token (admin). The answer carries the token once; only its hash is kept."""
     state = state_of(request)
@@ -274,7 +290,7 @@ async def create_token(request: Request, body: schemas.NewToken, who: Admin) -> 
     return {**asdict(row), "token": minted.token}
 
 
-@router.delete("/tokens/{token}", response_model=schemas.Token, tags=["auth"], responses=ERRORS)
+@router.delete("/tokens/{token}", response_model=schemas.Token, tags=["auth"], responses=_errors(404, 409))
 async def revoke_token(request: Request, token: str, who: Admin) -> Any:
     """Revoke a token by name, key or id (admin); its dashboard sessions end at once."""
     state = state_of(request)
