@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -58,12 +59,26 @@ def _sync(primary: Cluster, standby: str) -> None:
     primary.wait_for_sync_standby(standby)
 
 
+@pytest.fixture
+def made() -> Iterator[list[Cluster]]:
+    """The clusters a test makes, stopped and removed when it ends, passed or failed (not
+    only when the test process exits)."""
+    found: list[Cluster] = []
+    yield found
+    for cluster in found:
+        cluster.remove()
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(300 + 120 * FAILOVERS)
-def test_workers_carry_on_when_the_primary_dies_and_its_synchronous_standby_takes_over(tmp_path: Path) -> None:
+def test_workers_carry_on_when_the_primary_dies_and_its_synchronous_standby_takes_over(
+    tmp_path: Path, made: list[Cluster]
+) -> None:
     require(clusters.missing())
     primary = Cluster("primary").init(SETTINGS).start()
+    made.append(primary)
     standby = primary.standby("standby1")
+    made.append(standby)
     _sync(primary, "standby1")
     primary.sql("CREATE DATABASE test")
     url = (
@@ -96,6 +111,7 @@ def test_workers_carry_on_when_the_primary_dies_and_its_synchronous_standby_take
             dead.remove()
             if round_ < FAILOVERS:
                 standby = primary.standby(f"standby{round_ + 1}", port=dead.port)
+                made.append(standby)
                 _sync(primary, f"standby{round_ + 1}")
         fleet.wait_until("every run settled", lambda: all_settled(url, ids), 240)
         codes = fleet.stop()
