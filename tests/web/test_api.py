@@ -382,3 +382,24 @@ def test_the_catalogue_shows_each_action_and_lease_with_an_example(site: Site) -
     assert 'id="action-sandbox.spawn"' in page.text
     assert "with: {kind: orc, region: britain}" in page.text
     assert site.get("/api/v1/catalogue", role=None).status_code == 401
+
+
+def test_a_list_page_hears_of_each_change_as_it_happens(site: Site) -> None:
+    """Before: only the run page was live; the runs list, the ledger, the leases and the
+    workers needed a reload. Now each list has a stream that says `change` when what it
+    shows changes (whichever worker made it), and nothing while nothing does."""
+    site.upload(QUICK)
+    with site.client.stream("GET", "/live/watch?what=runs", headers=site.auth("viewer")) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        lines = stream.iter_lines()
+        assert next(lines) == ": watching"
+        run = _start(site)
+        assert next(line for line in lines if line.startswith("event:")) == "event: change"
+    site.wait_settled(run["id"])
+    for what in ("leases", "workers", f"ledger&run={run['id']}"):
+        with site.client.stream("GET", f"/live/watch?what={what}", headers=site.auth("viewer")) as stream:
+            assert next(stream.iter_lines()) == ": watching", what
+    assert site.get("/live/watch?what=ledger&run=12345").status_code == 404
+    assert site.get("/live/watch?what=ledger").status_code == 422
+    assert site.get("/live/watch?what=everything").status_code == 422
+    assert site.get("/live/watch?what=runs", role=None).status_code == 401

@@ -181,5 +181,18 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             expect(page.locator("#cleanup-report")).to_contain_text("0 failed")
             expect(page.locator("#verdict")).to_contain_text("verified clean")
             expect(page.locator("#plan")).to_contain_text("Nothing to clean up")
+
+            # The runs list is live too: a run started elsewhere (the API, another
+            # person) shows up, and moves on, without a reload.
+            page.goto(f"{base}/")
+            expect(page.locator("#runs")).not_to_contain_text("#2")
+            started = httpx.post(
+                f"{base}/api/v1/runs",
+                json={"event": "invasion", "params": {"region": "moonglow", "orcs": 2}},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert started.status_code == 201, started.text
+            expect(page.locator("#runs")).to_contain_text("#2", timeout=15_000)
+            expect(page.locator("#runs tbody tr").first).to_contain_text("succeeded", timeout=90_000)
         finally:
             browser.close()

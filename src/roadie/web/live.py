@@ -1,10 +1,14 @@
-"""Live updates of a run, as server-sent events.
+"""Live updates, as server-sent events.
 
-The stream reads the run from the database, so it follows a run whichever worker (this
-process's or another machine's) carries it out. The embedded worker's observer wakes it
-early; without one it looks once a `poll` interval. It sends an event `run` whenever what
-the run shows changes, and `end` once the run has ended and any automatic cleanup is
-done, then closes.
+A run's stream reads the run from the database, so it follows a run whichever worker
+(this process's or another machine's) carries it out. The embedded worker's observer
+wakes it early; without one it looks once a `poll` interval. It sends an event `run`
+whenever what the run shows changes, and `end` once the run has ended and any automatic
+cleanup is done, then closes.
+
+A list's stream (the runs, a run's ledger, the leases, the workers: `watch_events`) reads
+what its page shows the same way, and sends `change` whenever that differs from what it
+last read; the page then fetches itself again and swaps in its table.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from roadie.engine.engine import settled
@@ -20,6 +24,7 @@ from roadie.store import Store
 from roadie.store.rows import RunRow, StepRow
 
 KEEPALIVE = 15.0  # seconds between comment lines, so proxies keep an idle stream open
+ANY_RUN = -1  # what `Broker.wait` is given to wake on any run's news
 
 
 class Broker:
@@ -29,8 +34,9 @@ class Broker:
         self._waiting: dict[int, set[asyncio.Event]] = defaultdict(set)
 
     def observe(self, kind: str, data: dict[str, Any]) -> None:
-        for event in self._waiting.get(int(data.get("run_id", 0)), ()):
-            event.set()
+        for key in (int(data.get("run_id", 0)), ANY_RUN):
+            for event in self._waiting.get(key, ()):
+                event.set()
 
     async def wait(self, run_id: int, seconds: float) -> None:
         event = asyncio.Event()
@@ -75,6 +81,28 @@ async def run_events(store: Store, broker: Broker, run_id: int, *, poll: float =
             yield _event("end", {"run_id": run_id, "status": run.status, "cleanup_status": run.cleanup_status})
             return
         await broker.wait(run_id, poll)
+        quiet += poll
+        if quiet >= KEEPALIVE:
+            yield ": keepalive\n\n"
+            quiet = 0.0
+
+
+async def watch_events(
+    look: Callable[[], Awaitable[Any]], broker: Broker, *, poll: float = 1.0, run_id: int = ANY_RUN
+) -> AsyncIterator[str]:
+    """`change` each time what `look()` answers differs from its last answer (the first is
+    what the page was drawn from, and is not sent), woken early by news of `run_id`'s
+    (default: any run's); it runs until the viewer leaves."""
+    last = await look()
+    quiet = 0.0
+    yield ": watching\n\n"
+    while True:
+        await broker.wait(run_id, poll)
+        now = await look()
+        if now != last:
+            yield _event("change", {})
+            last, quiet = now, 0.0
+            continue
         quiet += poll
         if quiet >= KEEPALIVE:
             yield ": keepalive\n\n"

@@ -8,6 +8,21 @@ document.addEventListener("DOMContentLoaded", function () {
   source.addEventListener("end", function () { refresh(); source.close(); live.dataset.ended = "true"; });
 });
 
+// Live lists (runs, a ledger, leases, workers): one stream per list; on each `change`,
+// htmx fetches the page again and swaps in the list (the element of the same id).
+document.addEventListener("DOMContentLoaded", function () {
+  if (!window.EventSource) return;
+  document.querySelectorAll("[data-watch]").forEach(function (watched) {
+    var id = watched.id;
+    var source = new EventSource(watched.dataset.watch);
+    source.addEventListener("change", function () {
+      var now = document.getElementById(id);
+      if (now) htmx.trigger(now, "refresh");
+    });
+    window.addEventListener("pagehide", function () { source.close(); });
+  });
+});
+
 // A form that does what is hard to take back asks first, in words saying what will happen.
 document.addEventListener("submit", function (event) {
   var ask = event.target.dataset ? event.target.dataset.confirm : null;
