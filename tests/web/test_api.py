@@ -403,3 +403,21 @@ def test_a_list_page_hears_of_each_change_as_it_happens(site: Site) -> None:
     assert site.get("/live/watch?what=ledger").status_code == 422
     assert site.get("/live/watch?what=everything").status_code == 422
     assert site.get("/live/watch?what=runs", role=None).status_code == 401
+
+
+def test_an_event_file_is_checked_without_being_stored(site: Site) -> None:
+    """`POST /api/v1/events/check`: an upload's validation, storing nothing."""
+    checked = site.post(
+        "/api/v1/events/check?filename=raid.yaml", content=QUICK.encode(), headers={"content-type": "text/plain"}
+    )
+    assert checked.status_code == 200, checked.text
+    assert checked.json() | {"message": ""} == {
+        "event_id": "quick-raid", "phases": 2, "steps": 3, "version": 1, "message": ""
+    }  # fmt: skip
+    assert site.get("/api/v1/events").json() == []
+    site.upload(QUICK)
+    again = site.post("/api/v1/events/check", content=QUICK.encode(), headers={"content-type": "text/plain"})
+    assert again.json()["version"] == 2
+    bad = site.post("/api/v1/events/check?filename=bad.yaml", content=b"id: x\nphases: 3\n")
+    assert bad.status_code == 422
+    assert bad.json()["problems"][0]["source"] == "bad.yaml"

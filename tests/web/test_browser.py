@@ -112,9 +112,14 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             page.click("button[type=submit]")
             expect(page.locator("h1")).to_have_text("Runs")
 
-            page.fill("#filename", "invasion.yaml")
-            page.fill("#source", source)
-            page.click("#upload-event button[type=submit]")
+            # The file is chosen, as staff would from their disk; checked first, which
+            # stores nothing, then stored.
+            chosen = {"name": "invasion.yaml", "mimeType": "application/yaml", "buffer": source.encode()}
+            page.set_input_files("#file", chosen)
+            page.click("#check-button")
+            expect(page.locator("#checked")).to_contain_text("invasion.yaml is valid: event invasion")
+            page.set_input_files("#file", chosen)
+            page.click("#store-button")
             expect(page.locator("#stored")).to_contain_text("Stored invasion as version 1")
             expect(page.locator("#source")).to_contain_text("Orc invasion")
 

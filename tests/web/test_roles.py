@@ -67,6 +67,12 @@ CALLS = [
         "admin",
         fixed("/api/v1/events", content=QUICK.encode(), headers={"content-type": "text/plain"}),
     ),
+    Call(
+        "POST",
+        "/api/v1/events/check",
+        "admin",
+        fixed("/api/v1/events/check", content=QUICK.encode(), headers={"content-type": "text/plain"}),
+    ),
     Call("GET", "/api/v1/events/{event_id}", "viewer", fixed("/api/v1/events/quick-raid")),
     Call("GET", "/api/v1/events/{event_id}/versions", "viewer", fixed("/api/v1/events/quick-raid/versions")),
     Call("GET", "/api/v1/runs", "viewer", fixed("/api/v1/runs")),
@@ -348,3 +354,37 @@ def test_a_bad_address_in_a_browser_is_a_page_not_json(site: Site) -> None:
     api = site.client.get("/api/v1/runs/abc", headers={"accept": "text/html"})
     assert api.status_code == 422
     assert api.json()["field"]
+
+
+def test_an_event_file_can_be_chosen_checked_without_storing_and_compared_with_its_last_version(site: Site) -> None:
+    """Before: uploading meant pasting text, every upload stored, and nothing showed what
+    a new version changed. Now a file can be chosen (multipart), `check` says whether it
+    is valid and which version it would become and stores nothing, and an event's page
+    shows what changed from the version before it."""
+    csrf = _login(site, "admin")
+    chosen = {"file": ("raid.yaml", QUICK.encode(), "application/yaml")}
+    checked = site.client.post("/events", data={"csrf": csrf, "check": "1"}, files=chosen)
+    assert checked.status_code == 200
+    assert "raid.yaml is valid: event quick-raid" in checked.text
+    assert "storing it would make version 1. Nothing was stored." in checked.text
+    assert site.store_call(lambda s: s.list_events()) == []
+    bad = site.client.post(
+        "/events", data={"csrf": csrf}, files={"file": ("bad.yaml", b"id: x\nphases: 3\n", "application/yaml")}
+    )
+    assert bad.status_code == 422
+    assert "bad.yaml:2" in bad.text
+    binary = site.client.post("/events", data={"csrf": csrf}, files={"file": ("x.yaml", b"\xff\xfe", "text/yaml")})
+    assert (binary.status_code, "x.yaml: not UTF-8 text" in binary.text) == (422, True)
+    empty = site.client.post("/events", data={"csrf": csrf, "source": " "})
+    assert (empty.status_code, "choose an event file, or paste its text" in empty.text) == (422, True)
+
+    stored = site.client.post("/events", data={"csrf": csrf}, files=chosen, follow_redirects=False)
+    assert stored.headers["location"] == "/events/quick-raid?stored=1"
+    assert 'id="changes"' not in site.client.get("/events/quick-raid").text  # nothing before v1
+    second = QUICK.replace("default: 2, min: 1", "default: 4, min: 1")
+    assert second != QUICK
+    site.client.post("/events", data={"csrf": csrf, "source": second, "filename": "raid.yaml"})
+    page = site.client.get("/events/quick-raid").text
+    assert "What changed from v1 to v2" in page
+    assert '<span class="removed">-  count: {type: int, default: 2, min: 1}</span>' in page
+    assert '<span class="added">+  count: {type: int, default: 4, min: 1}</span>' in page

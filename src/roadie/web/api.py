@@ -77,14 +77,38 @@ async def list_events(request: Request, who: Viewer) -> Any:
 async def upload_event(request: Request, who: Admin, filename: str = Query("event.yaml", max_length=200)) -> Any:
     """Validate an event file and store it as the event's newest version (admin). Mistakes
     come back as `file:line: field: message`, one entry each in `problems`."""
+    text = await _event_text(request, filename)
+    return await service.upload_event(state_of(request), text, filename, who.actor)
+
+
+@router.post(
+    "/events/check",
+    response_model=schemas.EventCheck,
+    tags=["events"],
+    responses={**ERRORS, 422: {"model": schemas.ErrorBody, "description": "The file has mistakes."}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "An event file, YAML or JSON, as the CLI reads it.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def check_event(request: Request, who: Admin, filename: str = Query("event.yaml", max_length=200)) -> Any:
+    """Validate an event file as an upload would, and store nothing: what it would become
+    (its id, the version storing it would make), or its mistakes as an upload's (422)."""
+    text = await _event_text(request, filename)
+    return await service.check_event(state_of(request), text, filename)
+
+
+async def _event_text(request: Request, filename: str) -> str:
     body = await request.body()
     if len(body) > service.MAX_EVENT_BYTES:
         raise DefinitionError([Problem(filename, None, "", "the file is larger than 1 MiB")])
     try:
-        text = body.decode("utf-8")
+        return body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DefinitionError([Problem(filename, None, "", f"not UTF-8: {exc}")]) from exc
-    return await service.upload_event(state_of(request), text, filename, who.actor)
 
 
 @router.get("/events/{event_id}", response_model=schemas.EventDetail, tags=["events"], responses=FOUND)

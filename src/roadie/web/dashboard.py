@@ -7,13 +7,14 @@ session's CSRF token; after a form the browser is redirected (POST, redirect, GE
 
 from __future__ import annotations
 
+import difflib
 import hmac
 import json
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -159,6 +160,7 @@ async def runs_page(
         total=total,
         upload_errors=None,
         upload_source="",
+        upload_checked=None,
         start_error=None,
     )
 
@@ -167,11 +169,33 @@ async def runs_page(
 async def upload_event(
     request: Request,
     who: Admin,
-    source: Annotated[str, Form(max_length=service.MAX_EVENT_BYTES)],
+    source: Annotated[str, Form(max_length=service.MAX_EVENT_BYTES)] = "",
     filename: Annotated[str, Form(max_length=200)] = "event.yaml",
+    file: Annotated[UploadFile | None, File()] = None,
+    check: Annotated[str, Form(max_length=10)] = "",
 ) -> Response:
+    """Store an event file, chosen (`file`) or pasted (`source`); with `check`, only say
+    whether it is valid and which version it would become, storing nothing."""
     state = state_of(request)
+    if file is not None and file.filename:
+        raw = await file.read(service.MAX_EVENT_BYTES + 1)
+        filename = file.filename
+        if len(raw) > service.MAX_EVENT_BYTES:
+            return await _runs_refused(
+                request, who, upload_errors=[f"{filename}: larger than {service.MAX_EVENT_BYTES} bytes"]
+            )
+        try:
+            source = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return await _runs_refused(request, who, upload_errors=[f"{filename}: not UTF-8 text ({exc.reason})"])
+    if not source.strip():
+        return await _runs_refused(request, who, upload_errors=["choose an event file, or paste its text"])
     try:
+        if check:
+            checked = await service.check_event(state, source, filename or "event.yaml")
+            return await _runs_refused(
+                request, who, upload_source=source, upload_checked=checked.message, status_code=200
+            )
         stored = await service.upload_event(state, source, filename or "event.yaml", who.actor)
     except DefinitionError as exc:
         return await _runs_refused(request, who, upload_errors=[str(p) for p in exc.problems], upload_source=source)
@@ -210,6 +234,20 @@ async def _event_page(
     state = state_of(request)
     versions = await state.store.list_event_versions(event_id)
     shown = next((v for v in versions if v.version == version), versions[0])
+    earlier = next((v for v in versions if v.version < shown.version), None)
+    changes = (
+        list(
+            difflib.unified_diff(
+                earlier.source.splitlines(),
+                shown.source.splitlines(),
+                f"v{earlier.version}",
+                f"v{shown.version}",
+                lineterm="",
+            )
+        )
+        if earlier is not None
+        else []
+    )
     scheduled = {s["event_id"]: s for s in await service.schedule_views(state)}.get(event_id)
     specs = EventDefinition.model_validate(shown.definition).params
     return _render(
@@ -218,6 +256,8 @@ async def _event_page(
         who,
         status_code=422 if problems or start_error else 200,
         versions=versions,
+        earlier=earlier,
+        changes=changes,
         shown=shown,
         stored=stored,
         scheduled=scheduled,
@@ -268,12 +308,14 @@ async def _runs_refused(
     *,
     upload_errors: list[str] | None = None,
     upload_source: str = "",
+    upload_checked: str | None = None,
     start_error: str | None = None,
     start_event: str | None = None,
     start_params: str = "",
+    status_code: int = 422,
 ) -> Response:
     """The runs page again, 422, with why an upload or a start was refused, and what was
-    typed kept in its form."""
+    typed kept in its form (200 with what a check found)."""
     state = state_of(request)
     events = await state.store.list_events()
     runs = await state.store.list_runs(limit=50)
@@ -281,7 +323,7 @@ async def _runs_refused(
         request,
         "runs.html",
         who,
-        status_code=422,
+        status_code=status_code,
         runs=runs,
         events=events,
         states=STATES,
@@ -292,6 +334,7 @@ async def _runs_refused(
         total=len(runs),
         upload_errors=upload_errors,
         upload_source=upload_source,
+        upload_checked=upload_checked,
         start_error=start_error,
         start_event=start_event,
         start_params=start_params,

@@ -20,6 +20,16 @@ class ErrorBody(Model):
     problems: list[dict[str, Any]] | None = None
 
 
+class EventCheck(Model):
+    """What storing a valid event file would do; nothing was stored."""
+
+    event_id: str
+    phases: int
+    steps: int
+    version: int = Field(description="the version storing it would make")
+    message: str
+
+
 class Event(Model):
     id: int
     event_id: str

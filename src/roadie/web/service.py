@@ -6,7 +6,7 @@ Each function is one operator action, with the same rules as its CLI command.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +16,7 @@ from roadie.definitions import EventDefinition, ScheduleDef, load_definition, re
 from roadie.engine import schedules
 from roadie.engine.cleanup import CleanupReport, PlannedCall
 from roadie.engine.leases import lease_ref, stack_ref
-from roadie.errors import InvalidState
+from roadie.errors import InvalidState, NotFound
 from roadie.states import LAYER_KIND, CleanupStatus, RunStatus
 from roadie.store.rows import EventRow, ResourceRow, RunRow
 from roadie.web.state import WebState
@@ -36,6 +36,35 @@ async def upload_event(state: WebState, text: str, source: str, actor: str) -> E
         actor,
         state.clock.now(),
     )
+
+
+@dataclass
+class CheckedEvent:
+    """What storing a valid event file would do."""
+
+    event_id: str
+    phases: int
+    steps: int
+    version: int  # the version storing it would make
+    message: str
+
+
+async def check_event(state: WebState, text: str, source: str) -> CheckedEvent:
+    """Validate an event file's text as `upload_event` would, storing nothing; answers what
+    storing it would do. A mistake raises `DefinitionError` naming file:line: field."""
+    definition = load_definition(text, source, state.registry)
+    try:
+        stored = len(await state.store.list_event_versions(definition.id))
+    except NotFound:
+        stored = 0
+    steps = sum(len(phase.steps) for phase in definition.phases)
+    phases = len(definition.phases)
+    message = (
+        f"{source} is valid: event {definition.id}, {phases} phase{'s' if phases != 1 else ''} and "
+        f"{steps} step{'s' if steps != 1 else ''}; storing it would make version {stored + 1}. "
+        "Nothing was stored."
+    )
+    return CheckedEvent(definition.id, phases, steps, stored + 1, message)
 
 
 async def start_run(
