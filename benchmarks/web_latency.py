@@ -1,5 +1,8 @@
 """Latency of `roadie serve` under 50 concurrent clients: `GET /api/v1/runs/{id}` and the
-run page, against a real uvicorn process over loopback.
+run page, against a real uvicorn process over loopback, side by side with its floor: a
+bare FastAPI app on the same stack and database file reading the same run with one query
+(`benchmarks/bare_app.py`). The three are measured in turn, `--rounds` times, and each
+figure is the median over the rounds; the ratios to the floor are what count.
 
 The database (SQLite) holds one finished run of the demo invasion (10 steps, 18 ledger
 rows), worked in-process beforehand; the server runs with `--no-worker`, so what is
@@ -92,10 +95,31 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(argv: list[str], cwd: Path, env: dict[str, str], ready: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    server = subprocess.Popen([*argv, "--port", str(port)], cwd=cwd, env=env, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(400):
+        try:
+            if httpx.get(base + ready, timeout=1).status_code < 500:
+                return server, base
+        except httpx.TransportError:
+            time.sleep(0.05)
+    server.kill()
+    raise RuntimeError(f"{argv} did not answer on {base}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--requests", type=int, default=40, help="requests per client per endpoint")
+    parser.add_argument("--requests", type=int, default=40, help="requests per client per endpoint and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three, interleaved")
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
     args = parser.parse_args(argv)
 
@@ -104,66 +128,73 @@ def main(argv: list[str]) -> int:
         url = f"sqlite:///{home / 'roadie.db'}"
         run_id, token = asyncio.run(prepare(home, url))
         (home / "roadie.toml").write_text('[modules.sandbox]\ndb = "sandbox.db"\n')
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "ROADIE_DATABASE_URL": url}
-        server = subprocess.Popen(
-            [sys.executable, "-m", "roadie.cli.main", "serve", "--no-worker", "--port", str(port)],
-            cwd=home,
-            env=env,
-            stderr=subprocess.DEVNULL,
-        )
-        base = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "ROADIE_DATABASE_URL": url, "ROADIE_BENCH_DB": str(home / "roadie.db")}
+        roadie, base = _serve([sys.executable, "-m", "roadie.cli.main", "serve", "--no-worker"], home, env, "/healthz")
+        bare_argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).parent), "bare_app:app"]
+        bare, bare_base = _serve([*bare_argv, "--log-level", "warning"], home, env, f"/runs/{run_id}")
         try:
-            for _ in range(200):
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.05)
             with httpx.Client(base_url=base) as browser:  # the sign-in form, then its post, as a browser
                 form = re.search(r'name="csrf" value="([^"]+)"', browser.get("/login").text)
                 assert form is not None
                 browser.post("/login", data={"token": token, "csrf": form.group(1)})
                 cookies = {COOKIE: browser.cookies[COOKIE]}
-            rows = []
-            for label, path, headers, jar in (
+            bearer = {"Authorization": f"Bearer {token}"}
+            targets = [
+                ("bare FastAPI, one query (the floor)", bare_base, f"/runs/{run_id}", {}, {}),
                 (
                     "`GET /api/v1/runs/{id}` (JSON)",
+                    base,
                     f"/api/v1/runs/{run_id}",
-                    {"Authorization": f"Bearer {token}"},
+                    bearer,
                     {},
                 ),
-                ("`GET /runs/{id}` (run page, HTML + SVG)", f"/runs/{run_id}", {}, cookies),
-            ):
-                started = time.perf_counter()
-                latencies = asyncio.run(measure(base, path, headers, jar, args.clients, args.requests))
-                elapsed = time.perf_counter() - started
-                p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
-                rate = len(latencies) / elapsed
-                rows.append((label, len(latencies), p50, p99, statistics.mean(latencies) * 1000, rate))
-                print(f"{label:<44} n={len(latencies)} p50 {p50:.1f} ms  p99 {p99:.1f} ms  {rate:.0f} req/s")
+                ("`GET /runs/{id}` (run page, HTML + SVG)", base, f"/runs/{run_id}", {}, cookies),
+            ]
+            figures: dict[str, list[tuple[float, float, float, float]]] = {t[0]: [] for t in targets}
+            for _ in range(args.rounds):
+                for label, at, path, headers, jar in targets:
+                    started = time.perf_counter()
+                    latencies = asyncio.run(measure(at, path, headers, jar, args.clients, args.requests))
+                    elapsed = time.perf_counter() - started
+                    figures[label].append(
+                        (
+                            percentile(latencies, 50) * 1000,
+                            percentile(latencies, 99) * 1000,
+                            statistics.mean(latencies) * 1000,
+                            len(latencies) / elapsed,
+                        )
+                    )
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            for server in (roadie, bare):
+                server.terminate()
+                server.wait(timeout=30)
+    rows = []
+    floor = [statistics.median(f[i] for f in figures[targets[0][0]]) for i in range(4)]
+    for label, *_ in targets:
+        p50, p99, mean, rate = (statistics.median(f[i] for f in figures[label]) for i in range(4))
+        rows.append((label, p50, p99, mean, rate, p50 / floor[0], p99 / floor[1]))
+        ratios = f"({p50 / floor[0]:.2f}x, p99 {p99:.1f} ms, {p99 / floor[1]:.2f}x)"
+        print(f"{label:<44} p50 {p50:.1f} ms {ratios}  {rate:.0f} req/s")
     if args.write:
         lines = [
-            "## The web: latency under 50 concurrent clients",
+            "## The web: latency under 50 concurrent clients, against its floor",
             "",
             f"`roadie serve --no-worker` (uvicorn, one process) on SQLite holding one finished run of the demo "
-            f"invasion; {args.clients} concurrent `httpx` clients over loopback, each sending {args.requests} "
-            "requests one after another (after one warm-up request), in one client process on the same machine. "
+            "invasion, and beside it its floor: a bare FastAPI app (`benchmarks/bare_app.py`: the same uvicorn, "
+            "SQLAlchemy's async engine over aiosqlite, the same database file) answering the same run's row, read "
+            f"with one query, as JSON. {args.clients} concurrent `httpx` clients over loopback, each sending "
+            f"{args.requests} requests one after another (after one warm-up request), in one client process on "
+            f"the same machine; the three targets measured in turn, {args.rounds} rounds, medians of the rounds. "
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
             f"{platform.python_version()}, {platform.system()}.",
             "",
             f"Command: `.venv/bin/python benchmarks/web_latency.py --write {args.write}`",
             "",
-            "| request | requests | p50 ms | p99 ms | mean ms | requests/s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            "| request | p50 ms | p99 ms | mean ms | requests/s | p50 / floor | p99 / floor |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for label, n, p50, p99, mean, rate in rows:
-            lines.append(f"| {label} | {n} | {p50:.1f} | {p99:.1f} | {mean:.1f} | {rate:.0f} |")
+        for label, p50, p99, mean, rate, r50, r99 in rows:
+            lines.append(f"| {label} | {p50:.1f} | {p99:.1f} | {mean:.1f} | {rate:.0f} | {r50:.2f}× | {r99:.2f}× |")
         write_section(args.write, "web_latency.py", "\n".join(lines))
     return 0
 

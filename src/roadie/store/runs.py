@@ -31,11 +31,14 @@ from roadie.store.notify import notify_runs
 from roadie.store.records import NewRun, PhaseCounts, RunMove
 from roadie.store.rows import (
     EventRow,
+    ResourceRow,
     RunRow,
+    StepRow,
     from_row,
 )
 from roadie.store.tables import (
     audit,
+    run_resources,
     runs,
     steps,
 )
@@ -128,6 +131,25 @@ class RunQueries(Connector):
             return from_row(RunRow, row)
 
         result: RunRow = await self._read(work)
+        return result
+
+    async def run_view(self, run_id: int) -> tuple[RunRow, list[StepRow], list[ResourceRow]]:
+        """A run with its steps (in order) and its ledger rows (oldest first), read in one
+        transaction: one consistent view, for a page that shows all three."""
+
+        async def work(conn: AsyncConnection) -> tuple[RunRow, list[StepRow], list[ResourceRow]]:
+            row = (await conn.execute(select(runs).where(runs.c.id == run_id))).first()
+            if row is None:
+                raise NotFound(f"no run {run_id}")
+            order = (steps.c.phase, steps.c.seq)
+            found = [
+                from_row(StepRow, r)
+                for r in await conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(*order))
+            ]
+            rows = select(run_resources).where(run_resources.c.run_id == run_id).order_by(run_resources.c.id)
+            return from_row(RunRow, row), found, [from_row(ResourceRow, r) for r in await conn.execute(rows)]
+
+        result: tuple[RunRow, list[StepRow], list[ResourceRow]] = await self._read(work)
         return result
 
     async def list_runs(

@@ -33,6 +33,7 @@ from roadie.web.tokens import Role
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+templates.env.auto_reload = False  # the files never change under a running server: no stat per render
 
 
 def _world_words(row: ResourceRow) -> str:
@@ -373,9 +374,7 @@ async def start_run(
 
 async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
     state = state_of(request)
-    run = await state.store.get_run(run_id)
-    steps = await state.store.list_steps(run_id)
-    resources = await state.store.list_resources(run_id)
+    run, steps, resources = await state.store.run_view(run_id)
     names = [p.get("name", "") for p in run.definition.get("phases", [])]
     live = sum(1 for r in resources if ResourceState(r.state).holds_target)
     return {
