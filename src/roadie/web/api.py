@@ -41,6 +41,16 @@ CHANGES = _errors(400, 404, 409)  # a body, changing a row whose state may not a
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+# What the routes that read an event file take and may refuse.
+EVENT_FILE: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "An event file, YAML or JSON, as the CLI reads it.",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+FILE_ERRORS = {**ERRORS, 422: {"model": schemas.ErrorBody, "description": "The file has mistakes."}}
+
 # Row ids are 32-bit on every database; a larger one names no row, and is refused as such.
 RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
@@ -65,14 +75,8 @@ async def list_events(request: Request, who: Viewer) -> Any:
     response_model=schemas.EventDetail,
     status_code=201,
     tags=["events"],
-    responses={**ERRORS, 422: {"model": schemas.ErrorBody, "description": "The file has mistakes."}},
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "description": "An event file, YAML or JSON, as the CLI reads it.",
-            "content": {"text/plain": {"schema": {"type": "string"}}},
-        }
-    },
+    responses=FILE_ERRORS,
+    openapi_extra=EVENT_FILE,
 )
 async def upload_event(request: Request, who: Admin, filename: str = Query("event.yaml", max_length=200)) -> Any:
     """Validate an event file and store it as the event's newest version (admin). Mistakes
@@ -85,14 +89,8 @@ async def upload_event(request: Request, who: Admin, filename: str = Query("even
     "/events/check",
     response_model=schemas.EventCheck,
     tags=["events"],
-    responses={**ERRORS, 422: {"model": schemas.ErrorBody, "description": "The file has mistakes."}},
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "description": "An event file, YAML or JSON, as the CLI reads it.",
-            "content": {"text/plain": {"schema": {"type": "string"}}},
-        }
-    },
+    responses=FILE_ERRORS,
+    openapi_extra=EVENT_FILE,
 )
 async def check_event(request: Request, who: Admin, filename: str = Query("event.yaml", max_length=200)) -> Any:
     """Validate an event file as an upload would, and store nothing: what it would become
