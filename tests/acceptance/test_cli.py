@@ -169,6 +169,8 @@ def test_forget_is_audited_and_needs_a_reason(workdir: Path) -> None:
     code, out = roadie("audit", "--run", str(run["id"]), "--json")
     entries = json.loads(out)
     assert any(e["action"] == "resource.forget" and e["actor"] == "alice" for e in entries)
+    code, out = roadie("audit", "--actor", "alice", "--action", "resource", "--json")
+    assert [(e["action"], e["actor"]) for e in json.loads(out)] == [("resource.forget", "alice")]
     code, out = roadie("cleanup", str(run["id"]), "--json")
     report = json.loads(out)
     assert report["status"] == "complete"

@@ -421,3 +421,31 @@ def test_an_event_file_is_checked_without_being_stored(site: Site) -> None:
     bad = site.post("/api/v1/events/check?filename=bad.yaml", content=b"id: x\nphases: 3\n")
     assert bad.status_code == 422
     assert bad.json()["problems"][0]["source"] == "bad.yaml"
+
+
+def test_the_audit_log_is_filtered_by_who_what_run_and_time_and_paged(site: Site) -> None:
+    """Before: /audit took a run or a subject and ignored `offset`. Now by actor, action (a
+    family: `run` takes `run.start` and `run.cancel`), run and time, paged with `offset`;
+    the Audit page has the same filters and pages of 100."""
+    site.upload(QUICK)
+    first = _start(site)
+    _start(site)
+    everything = site.get("/api/v1/audit").json()
+    assert "event.apply" in [a["action"] for a in everything]
+    starts = site.get("/api/v1/audit", params={"action": "run"}).json()
+    assert [a["action"] for a in starts] == ["run.start", "run.start"]
+    assert site.get("/api/v1/audit", params={"action": "run.st"}).json() == []  # a family, not a prefix
+    assert [a["subject"] for a in site.get("/api/v1/audit", params={"run": first["id"]}).json()] == [
+        f"run:{first['id']}"
+    ]
+    by_admin = site.get("/api/v1/audit", params={"actor": "admin"}).json()
+    assert {a["actor"] for a in by_admin} == {"admin"}
+    assert site.get("/api/v1/audit", params={"actor": "nobody"}).json() == []
+    paged = [site.get("/api/v1/audit", params={"limit": 1, "offset": i}).json()[0]["id"] for i in range(3)]
+    assert paged == [a["id"] for a in everything[:3]]
+    stamp = everything[0]["at"]
+    assert site.get("/api/v1/audit", params={"since": stamp}).json()[0]["id"] == everything[0]["id"]
+    assert everything[0]["id"] not in [a["id"] for a in site.get("/api/v1/audit", params={"until": stamp}).json()]
+    page = site.get("/audit", params={"action": "run"}).text
+    assert page.count("<td>run.start</td>") == 2
+    assert "event.apply" not in page

@@ -252,6 +252,8 @@ def leases(
 
 def audit(
     run_id: int | None = typer.Option(None, "--run", help="Only entries about this run."),
+    actor: str | None = typer.Option(None, "--actor", help="Only entries by this token's name (or `cli`)."),
+    action: str | None = typer.Option(None, "--action", help="Only this action (run.start), or all under it (run)."),
     limit: int = typer.Option(50, "--limit", min=1, max=1000),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
@@ -260,7 +262,7 @@ def audit(
     """The audit log: who did what, newest first."""
 
     async def work(ctx: Context) -> list[Any]:
-        return await ctx.store.list_audit(f"run:{run_id}" if run_id else None, limit)
+        return await ctx.store.list_audit(f"run:{run_id}" if run_id else None, limit, actor=actor, action=action)
 
     rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:

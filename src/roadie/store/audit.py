@@ -30,10 +30,31 @@ class AuditQueries(Connector):
 
         await self._write("write_audit", work)
 
-    async def list_audit(self, subject: str | None = None, limit: int = 100) -> list[AuditRow]:
-        query = select(audit).order_by(audit.c.id.desc()).limit(limit)
+    async def list_audit(
+        self,
+        subject: str | None = None,
+        limit: int = 100,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        offset: int = 0,
+    ) -> list[AuditRow]:
+        """Audit entries, newest first, those matching every filter given: about `subject`
+        (`run:7`, `event:raid`), by `actor`, of `action` (or of every action under it:
+        `run` takes `run.start` and `run.cancel`), at or after `since`, before `until`."""
+        query = select(audit).order_by(audit.c.id.desc()).limit(limit).offset(offset)
         if subject:
             query = query.where(audit.c.subject == subject)
+        if actor:
+            query = query.where(audit.c.actor == actor)
+        if action:
+            query = query.where((audit.c.action == action) | audit.c.action.startswith(f"{action}.", autoescape=True))
+        if since is not None:
+            query = query.where(audit.c.at >= since)
+        if until is not None:
+            query = query.where(audit.c.at < until)
 
         async def work(conn: AsyncConnection) -> list[AuditRow]:
             return [from_row(AuditRow, r) for r in await conn.execute(query)]

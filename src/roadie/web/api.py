@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -281,10 +282,20 @@ async def audit(
     who: Viewer,
     run: int | None = Query(None, ge=1, le=2**31 - 1),
     subject: str | None = Query(None, max_length=200),
+    actor: str | None = Query(None, max_length=200),
+    action: str | None = Query(None, max_length=100, description="`run.start`, or `run` for every run action"),
+    since: datetime | None = Query(None, description="at or after this time (ISO 8601)"),
+    until: datetime | None = Query(None, description="before this time (ISO 8601)"),
     limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0, le=10**9),
 ) -> Any:
-    """The audit log, newest first: who did what. `run` is shorthand for `subject=run:N`."""
-    return await state_of(request).store.list_audit(f"run:{run}" if run else subject, limit)
+    """The audit log, newest first: who did what, those entries matching every filter
+    given. `run` is shorthand for `subject=run:N`; `offset` pages through the rest. A
+    time without a zone is UTC."""
+    since, until = (t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t for t in (since, until))
+    return await state_of(request).store.list_audit(
+        f"run:{run}" if run else subject, limit, actor=actor, action=action, since=since, until=until, offset=offset
+    )
 
 
 # -- tokens -------------------------------------------------------------------------------

@@ -502,6 +502,23 @@ async def workers_warning(request: Request, who: Viewer) -> Response:
 
 
 @router.get("/audit", response_class=HTMLResponse)
-async def audit_page(request: Request, who: Viewer) -> Response:
-    rows = await state_of(request).store.list_audit(None, 200)
-    return _render(request, "audit.html", who, rows=rows)
+async def audit_page(
+    request: Request,
+    who: Viewer,
+    actor: Annotated[str, Query(max_length=200)] = "",
+    action: Annotated[str, Query(max_length=100)] = "",
+    run: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+) -> Response:
+    """The audit log, newest first, a page of 100, narrowed by who, what (`run` takes every
+    run action) and which run."""
+    size = 100
+    rows = await state_of(request).store.list_audit(
+        f"run:{run}" if run else None,
+        size + 1,  # one more than shown: whether there is a next page
+        actor=actor or None,
+        action=action or None,
+        offset=(page - 1) * size,
+    )
+    query = {k: v for k, v in (("actor", actor), ("action", action), ("run", run)) if v}
+    return _render(request, "audit.html", who, rows=rows[:size], more=len(rows) > size, page=page, query=query, run=run)
