@@ -239,6 +239,7 @@ class LeaseSpec(_Body):
     targeted: bool = False
     stacks: bool = Field(False, description="several runs may borrow it at once, each a layer with a priority")
     description: str = ""
+    value: dict[str, Any] | None = Field(None, description="a JSON Schema of the values it takes (none: any)")
 
 
 class Manifest(_Body):

@@ -13,7 +13,7 @@ from roadie.definitions import EventDefinition, FrozenDefinition, load_definitio
 from roadie.definitions.model import ParamSpec
 from roadie.errors import DefinitionError, Problem
 from roadie.modules import core
-from roadie.registry import Module, Registry
+from roadie.registry import Module, Registry, build_registry
 
 
 class SpawnParams(BaseModel):
@@ -843,3 +843,33 @@ def test_what_is_copied_into_every_run_is_bounded() -> None:
         "id: big\ndescription: " + "x" * 20_001 + "\nphases:\n  - name: a\n    steps: [{action: core.log}]\n"
     )
     assert (problem.line, problem.field) == (2, "description")
+
+
+def test_a_lease_value_the_lease_does_not_take_is_refused_by_validate_and_at_the_start(tmp_path: Path) -> None:
+    """Before: `value: fast` for a rate passed `event validate`, and every run failed at
+    its borrow when the world refused it. A lease that says what it takes (the sandbox's
+    rate: a number, at least 0) has a value of another kind refused at its line, and one
+    that a template makes refused when a run would start."""
+    registry = build_registry({"sandbox": {"db": str(tmp_path / "world.db")}})
+    rates = """\
+id: rates
+params:
+  rate: {type: float}
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        with: {lease: sandbox.xp_rate, value: VALUE}
+"""
+    [problem] = problems_of(rates.replace("VALUE", "fast"), reg=registry)
+    assert (problem.line, problem.field) == (8, "phases[0].steps[0].with.value")
+    assert problem.message == "lease sandbox.xp_rate takes no such value: 'fast' is not of type 'number'"
+    assert problems_of(rates.replace("VALUE", "true"), reg=registry)  # a yes/no is no number
+    definition = load_definition(rates.replace("VALUE", '"{{ rate * -1 }}"'), "rates.yaml", registry)
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"rate": 2}), registry)
+    [late] = caught.value.problems
+    assert late.field == "phases[0].steps[0].with.value"
+    assert "less than the minimum of 0" in late.message
+    good = load_definition(rates.replace("VALUE", '"{{ rate }}"'), "rates.yaml", registry)
+    assert render(good, good.resolve_params({"rate": 2}), registry).phases[0].steps[0].params["value"] == 2.0

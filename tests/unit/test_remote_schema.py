@@ -7,7 +7,9 @@ from pydantic import ValidationError
 
 from roadie.errors import RegistryError
 from roadie.modules.sandbox import BuffParams, SpawnParams
-from roadie.remote.schema import params_model
+from roadie.modules.sandbox import module as sandbox
+from roadie.plugin.wire import build_manifest
+from roadie.remote.schema import check_value_schema, params_model
 
 
 def test_fields_are_checked_one_by_one_with_their_place() -> None:
@@ -60,3 +62,14 @@ def test_a_schema_that_is_not_one_is_refused_when_the_module_is_loaded() -> None
         params_model("m.bad", {"type": "object", "properties": {"a": {"type": 12}}})
     with pytest.raises(RegistryError, match="must be a JSON object schema"):
         params_model("m.list", {"type": "array"})
+
+
+def test_a_leases_value_schema_crosses_the_manifest_and_a_broken_one_is_refused() -> None:
+    """A module server's manifest says what each lease takes (the engine then refuses a
+    borrow of another kind when the event is validated); a schema that is not one refuses
+    the lease, naming it."""
+    leases = {spec.name: spec.value for spec in build_manifest(sandbox).leases}
+    assert leases["xp_rate"] == {"type": "number", "minimum": 0, "examples": [2.0]}
+    check_value_schema("sandbox.xp_rate", leases["xp_rate"])
+    with pytest.raises(RegistryError, match=r"lamps\.glow: its value is not a valid JSON Schema"):
+        check_value_schema("lamps.glow", {"type": "glowing"})

@@ -28,7 +28,7 @@ def actions(
             params = ", ".join(f"{p.name}{'*' if p.required else ''}: {p.type}" for p in action.params)
             table.add_row(action.id, action.reversible, params, action.description)
     console.print(table)
-    leases = Table("lease", "borrowed", "what it is")
+    leases = Table("lease", "borrowed", "takes", "what it is")
     for module in modules:
         for lease in module.leases:
             how = "per target" if lease.targeted else "whole world"

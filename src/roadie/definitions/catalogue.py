@@ -50,6 +50,8 @@ class LeaseEntry:
     targeted: bool
     stacks: bool
     description: str
+    value: dict[str, Any] | None  # a JSON Schema of the values it takes; None: any
+    takes: str  # the same, in words: "number (≥ 0)"
     example: str
 
 
@@ -104,12 +106,18 @@ def _lease(lease: Lease) -> LeaseEntry:
     with_: dict[str, Any] = {"lease": lease.id}
     if lease.targeted:
         with_["target"] = "<target>"
-    with_["value"] = "<value>"
+    schema = lease.value_schema
+    if schema is None:
+        with_["value"] = "<value>"
+    else:
+        wrapped = {"type": "object", "properties": {"value": schema}, "required": ["value"]}
+        with_["value"] = example_params(wrapped, placeholders=True)["value"]
     if lease.stacks:
         with_["priority"] = 0
     with_["for"] = "1h"
     step = {"action": LEASE_ACTION, "name": f"borrow {lease.name.replace('_', ' ')}", "with": with_}
-    return LeaseEntry(lease.id, lease.targeted, lease.stacks, lease.description, _yaml(step))
+    takes = _type_name(schema, schema) if schema is not None else "any value"
+    return LeaseEntry(lease.id, lease.targeted, lease.stacks, lease.description, schema, takes, _yaml(step))
 
 
 def _yaml(step: dict[str, Any]) -> str:

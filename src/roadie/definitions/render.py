@@ -21,6 +21,7 @@ from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, M
 from functools import lru_cache
 from typing import Any, TypeVar, Union, get_args, get_origin
 
+import jsonschema
 from jinja2 import StrictUndefined, Undefined
 from jinja2.environment import Template, TemplateExpression
 from jinja2.exceptions import SecurityError, TemplateSyntaxError, UndefinedError
@@ -361,6 +362,13 @@ def error_message(error: ErrorDetails, root: type[BaseModel]) -> str:
     return message
 
 
+def _value_refused(schema: dict[str, Any], value: Any) -> str | None:
+    """Why `value` does not fit a lease's value schema, or None."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = jsonschema.exceptions.best_match(cls(schema).iter_errors(value))
+    return None if error is None else error.message
+
+
 def step_rules(
     registry: Registry,
     action: Action,
@@ -387,6 +395,10 @@ def step_rules(
                 found.append((("target",), f"lease {lease.id} is targeted: say which target"))
             elif not lease.targeted and target is not None:
                 found.append((("target",), f"lease {lease.id} takes no target"))
+        if lease.value_schema is not None and "value" in values and "value" not in unknown:
+            refused = _value_refused(lease.value_schema, values["value"])
+            if refused:
+                found.append((("value",), f"lease {lease.id} takes no such value: {refused}"))
         if not lease.stacks and values.get("priority") is not None and "priority" not in unknown:
             found.append(
                 (("priority",), f"lease {lease.id} does not stack: a priority is only for a lease that stacks")

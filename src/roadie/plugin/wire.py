@@ -109,7 +109,13 @@ def build_manifest(module: Module) -> protocol.Manifest:
             )
         )
     leases = [
-        protocol.LeaseSpec(name=lease.name, targeted=lease.targeted, stacks=lease.stacks, description=lease.description)
+        protocol.LeaseSpec(
+            name=lease.name,
+            targeted=lease.targeted,
+            stacks=lease.stacks,
+            description=lease.description,
+            value=lease.value_schema,
+        )
         for lease in module.leases.values()
     ]
     return protocol.Manifest(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from roadie.clock import Clock
 from roadie.errors import RegistryError
@@ -232,7 +232,15 @@ class Lease:
     """
 
     def __init__(
-        self, module: Module, name: str, read: LeaseReadFn, *, targeted: bool, description: str, stacks: bool = False
+        self,
+        module: Module,
+        name: str,
+        read: LeaseReadFn,
+        *,
+        targeted: bool,
+        description: str,
+        stacks: bool = False,
+        value_schema: dict[str, Any] | None = None,
     ) -> None:
         self.module = module
         self.name = name
@@ -240,6 +248,9 @@ class Lease:
         self.targeted = targeted
         self.stacks = stacks
         self.description = description
+        # A JSON Schema of the values it takes: an event whose borrow gives another is
+        # refused when it is validated, and when a run of it starts. None: any value.
+        self.value_schema = value_schema
         self.write_fn: LeaseWriteFn | None = None
         self.restore_fn: LeaseWriteFn | None = None
 
@@ -319,12 +330,28 @@ class Module:
         return register
 
     def lease(
-        self, name: str, *, targeted: bool = False, stacks: bool = False, description: str = ""
+        self,
+        name: str,
+        *,
+        targeted: bool = False,
+        stacks: bool = False,
+        description: str = "",
+        value: Any = None,
     ) -> Callable[[LeaseReadFn], Lease]:
         """Register a lease by its read function; add its writer with `@lease.write`.
-        `stacks=True` lets several runs borrow it at once, each a layer with a priority."""
+        `stacks=True` lets several runs borrow it at once, each a layer with a priority.
+        `value` is the type of the values it takes (`float`, `Literal["day", "night"]`,
+        `Annotated[float, Field(ge=0)]`), or a JSON Schema of them: a borrow giving another
+        is refused when its event is validated, not when it runs."""
         if not _NAME.match(name):
             raise RegistryError(f"lease name {name!r} must be lowercase letters, digits and _")
+        if value is None or isinstance(value, dict):
+            schema: dict[str, Any] | None = value
+        else:
+            try:
+                schema = TypeAdapter(value).json_schema()
+            except Exception as exc:
+                raise RegistryError(f"lease {self.name}.{name}: its value type has no JSON Schema: {exc}") from exc
 
         def register(fn: LeaseReadFn) -> Lease:
             lease = Lease(
@@ -334,6 +361,7 @@ class Module:
                 targeted=targeted,
                 stacks=stacks,
                 description=description or (inspect.getdoc(fn) or "").split("\n")[0],
+                value_schema=schema,
             )
             self.leases[name] = lease
             return lease

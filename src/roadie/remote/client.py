@@ -44,7 +44,7 @@ from roadie.registry.module import (
     TaggedPage,
 )
 from roadie.remote import protocol
-from roadie.remote.schema import params_model
+from roadie.remote.schema import check_value_schema, params_model
 from roadie.states import Reversible
 
 log = structlog.get_logger(__name__)
@@ -334,7 +334,11 @@ class RemoteModule:
         async def restore(call: LeaseCall, value: Any) -> None:
             await self._side_call("lease.restore", body(call, value), call.idempotency_key or protocol.NO_KEY)
 
-        lease = module.lease(name, targeted=spec.targeted, stacks=spec.stacks, description=spec.description)(read)
+        if spec.value is not None:
+            check_value_schema(lease_id, spec.value)
+        lease = module.lease(
+            name, targeted=spec.targeted, stacks=spec.stacks, description=spec.description, value=spec.value
+        )(read)
         lease.write(apply)
         lease.restore(restore)
 

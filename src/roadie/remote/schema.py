@@ -49,6 +49,14 @@ class RemoteParams(BaseModel):
         return dumped
 
 
+def check_value_schema(lease_id: str, schema: dict[str, Any]) -> None:
+    """Refuse a lease whose manifest gives its values a schema that is not one."""
+    try:
+        _validator_for(schema)
+    except RegistryError as exc:
+        raise RegistryError(f"{lease_id}: its value is {exc.message}") from exc
+
+
 def params_model(action_id: str, schema: dict[str, Any]) -> type[BaseModel]:
     """The model of one remote action's parameters, from the JSON Schema its manifest gives."""
     if schema.get("type", "object") != "object":

@@ -20,7 +20,7 @@ Every call first waits the world's `delay` knob, then passes its fault knobs (se
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -215,7 +215,7 @@ def _region(call: LeaseCall) -> str:
     return call.target
 
 
-@module.lease("weather", targeted=True)
+@module.lease("weather", targeted=True, value=Annotated[str, Field(min_length=1, examples=["storm"])])
 async def weather(call: LeaseCall) -> str:
     """A region's weather."""
     world = _world(call.state)
@@ -232,7 +232,7 @@ async def write_weather(call: LeaseCall, value: Any) -> None:
     world.set_weather(_region(call), value)
 
 
-@module.lease("xp_rate", targeted=False)
+@module.lease("xp_rate", targeted=False, value=Annotated[float, Field(ge=0, examples=[2.0])])
 async def xp_rate(call: LeaseCall) -> float:
     """The world's experience rate multiplier."""
     world = _world(call.state)
@@ -240,7 +240,7 @@ async def xp_rate(call: LeaseCall) -> float:
     return float(world.read_setting("xp_rate"))
 
 
-@module.lease("motd", stacks=True)
+@module.lease("motd", stacks=True, value=Annotated[str, Field(max_length=500, examples=["Orcs at the gates!"])])
 async def motd(call: LeaseCall) -> str:
     """The message of the day players see; events stack their banners on it."""
     world = _world(call.state)
