@@ -11,6 +11,7 @@ nothing behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -325,6 +326,31 @@ async def check_malformed(s: Session) -> str:
     return ", ".join(seen)
 
 
+def _another(spec: protocol.LeaseSpec, value: Any, *, avoid: tuple[Any, ...] = (), text_suffix: str = "") -> Any:
+    """A value for the lease other than `value` (and `avoid`), one its `value` schema takes
+    if it has one: the schema's examples and choices first, then one of the same kind,
+    then, for a bounded number, one between `value` and a bound (a time of day from 0
+    to 1 read as 0.25 is borrowed as 0.625, not 1.25)."""
+    candidates: list[Any] = []
+    schema = spec.value
+    if schema:
+        candidates += list(schema.get("examples") or []) + list(schema.get("enum") or [])
+    if text_suffix and isinstance(value, str):
+        candidates.append(f"{value}{text_suffix}")
+    with contextlib.suppress(Skipped):
+        candidates.append(_other_value(value))
+    if schema and isinstance(value, int | float) and not isinstance(value, bool):
+        for bound in ("maximum", "minimum"):
+            if isinstance(schema.get(bound), int | float):
+                middle = (value + schema[bound]) / 2
+                candidates.append(int(middle) if schema.get("type") == "integer" else middle)
+    for candidate in candidates:
+        if candidate != value and candidate not in avoid and (schema is None or invalid(schema, candidate) is None):
+            return candidate
+    taken = f" that its value schema takes ({json.dumps(schema)[:80]})" if schema else ""
+    raise Skipped(f"cannot pick a value other than {json.dumps(value)[:60]}{taken}: pass --value LEASE=JSON")
+
+
 def _other_value(value: Any) -> Any:
     if isinstance(value, bool):
         return not value
@@ -368,7 +394,7 @@ async def check_lease_restore(s: Session) -> str:
         key = s.new_key(f"lease-{spec.name}")
         v0 = await s.lease_read(spec.name, target, key, f"{label} read")
         try:
-            v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
+            v1 = s.options.values[spec.name] if spec.name in s.options.values else _another(spec, v0)
         except Skipped as exc:
             skipped.append(f"{label}: {exc}")
             continue
@@ -399,7 +425,7 @@ async def check_lease_late_apply(s: Session) -> str:
         key = s.new_key(f"late-{spec.name}")
         v0 = await s.lease_read(spec.name, target, key, f"{label} read")
         try:
-            v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
+            v1 = s.options.values[spec.name] if spec.name in s.options.values else _another(spec, v0)
         except Skipped as exc:
             skipped.append(f"{label}: {exc}")
             continue
@@ -436,8 +462,8 @@ async def check_lease_layers(s: Session) -> str:
         key_a, key_b = s.new_key(f"layer-a-{spec.name}"), s.new_key(f"layer-b-{spec.name}")
         v0 = await s.lease_read(spec.name, target, key_a, f"{label} read (run {first})", run_id=first)
         try:
-            v1 = s.options.values[spec.name] if spec.name in s.options.values else _other_value(v0)
-            v2 = f"{v1}-layer" if isinstance(v1, str) else _other_value(v1)
+            v1 = s.options.values[spec.name] if spec.name in s.options.values else _another(spec, v0)
+            v2 = _another(spec, v1, avoid=(v0,), text_suffix="-layer")
             if v2 in (v0, v1):
                 raise Skipped(f"cannot pick a third value after {json.dumps(v0)[:40]} and {json.dumps(v1)[:40]}")
         except Skipped as exc:
