@@ -65,7 +65,7 @@ class AuthQueries(Connector):
             row = (await conn.execute(select(api_tokens).where(api_tokens.c.key == key))).first()
             return from_row(TokenRow, row) if row is not None else None
 
-        result: TokenRow | None = await self._read(work)
+        result: TokenRow | None = await self._read(work, one_statement=True)
         return result
 
     async def revoke_token(self, token: str, actor: str, now: datetime) -> TokenRow:
@@ -125,7 +125,7 @@ class AuthQueries(Connector):
             token = TokenRow(**{c.name: m[f"t_{c.name}"] for c in api_tokens.c})
             return SessionRow(m["id"], m["token_id"], m["csrf"], m["created_at"], m["expires_at"], token)
 
-        result: SessionRow | None = await self._read(work)
+        result: SessionRow | None = await self._read(work, one_statement=True)
         return result
 
     async def end_session(self, id_hash: str, actor: str, now: datetime) -> None:

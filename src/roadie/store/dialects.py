@@ -97,6 +97,7 @@ def _take_prepare_threshold(url: str, kwargs: dict[str, Any]) -> str:
 
 
 READ_ONLY = "roadie_read_only"
+ONE_STATEMENT = "roadie_one_statement"  # a read that runs one statement: no transaction of its own is needed
 """The execution option a connection that only reads is given."""
 
 
@@ -115,9 +116,15 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 
+    # A read of one statement needs no BEGIN at all (`ONE_STATEMENT`): SQLite reads each
+    # statement from one snapshot by itself, and the BEGIN would cost a round trip to
+    # aiosqlite's thread, as much as the read.
     @event.listens_for(engine.sync_engine, "begin")
     def _begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
+        options = conn.get_execution_options()
+        if options.get(ONE_STATEMENT):
+            return
+        conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def insert_ignore(dialect_name: str, table: Table) -> Insert:

@@ -130,7 +130,7 @@ class RunQueries(Connector):
                 raise NotFound(f"no run {run_id}")
             return from_row(RunRow, row)
 
-        result: RunRow = await self._read(work)
+        result: RunRow = await self._read(work, one_statement=True)
         return result
 
     async def run_view(self, run_id: int) -> tuple[RunRow, list[StepRow], list[ResourceRow]]:
