@@ -194,7 +194,19 @@ def test_help_lists_the_commands(workdir: Path) -> None:
     """`--help` names every top-level command the README documents."""
     code, out = roadie("--help")
     assert code == 0
-    for command in ("init", "event", "run", "cleanup", "forget", "leases", "audit", "worker", "sandbox", "demo"):
+    for command in (
+        "init",
+        "event",
+        "run",
+        "cleanup",
+        "forget",
+        "leases",
+        "audit",
+        "actions",
+        "worker",
+        "sandbox",
+        "demo",
+    ):
         assert command in out
 
 
