@@ -11,7 +11,6 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from roadie.definitions.catalogue import ModuleEntry, catalogue
-from roadie.errors import DefinitionError, Problem
 from roadie.states import ResourceState, RunStatus
 from roadie.web import schemas, service, tokens
 from roadie.web.auth import Principal, require, state_of
@@ -101,13 +100,7 @@ async def check_event(request: Request, who: Admin, filename: str = Query("event
 
 
 async def _event_text(request: Request, filename: str) -> str:
-    body = await request.body()
-    if len(body) > service.MAX_EVENT_BYTES:
-        raise DefinitionError([Problem(filename, None, "", "the file is larger than 1 MiB")])
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DefinitionError([Problem(filename, None, "", f"not UTF-8: {exc}")]) from exc
+    return service.event_text(await request.body(), filename)
 
 
 @router.get("/events/{event_id}", response_model=schemas.EventDetail, tags=["events"], responses=FOUND)

@@ -178,20 +178,12 @@ async def upload_event(
     """Store an event file, chosen (`file`) or pasted (`source`); with `check`, only say
     whether it is valid and which version it would become, storing nothing."""
     state = state_of(request)
-    if file is not None and file.filename:
-        raw = await file.read(service.MAX_EVENT_BYTES + 1)
-        filename = file.filename
-        if len(raw) > service.MAX_EVENT_BYTES:
-            return await _runs_refused(
-                request, who, upload_errors=[f"{filename}: larger than {service.MAX_EVENT_BYTES} bytes"]
-            )
-        try:
-            source = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return await _runs_refused(request, who, upload_errors=[f"{filename}: not UTF-8 text ({exc.reason})"])
-    if not source.strip():
-        return await _runs_refused(request, who, upload_errors=["choose an event file, or paste its text"])
     try:
+        if file is not None and file.filename:
+            filename = file.filename
+            source = service.event_text(await file.read(service.MAX_EVENT_BYTES + 1), filename)
+        if not source.strip():
+            return await _runs_refused(request, who, upload_errors=["choose an event file, or paste its text"])
         if check:
             checked = await service.check_event(state, source, filename or "event.yaml")
             return await _runs_refused(

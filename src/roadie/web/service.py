@@ -16,12 +16,23 @@ from roadie.definitions import EventDefinition, ScheduleDef, load_definition, re
 from roadie.engine import schedules
 from roadie.engine.cleanup import CleanupReport, PlannedCall
 from roadie.engine.leases import lease_ref, stack_ref
-from roadie.errors import InvalidState, NotFound
+from roadie.errors import DefinitionError, InvalidState, NotFound, Problem
 from roadie.states import LAYER_KIND, CleanupStatus, RunStatus
 from roadie.store.rows import EventRow, ResourceRow, RunRow
 from roadie.web.state import WebState
 
 MAX_EVENT_BYTES = 1 << 20
+
+
+def event_text(raw: bytes, filename: str) -> str:
+    """An uploaded event file's bytes as text; one too large or not UTF-8 is a
+    `DefinitionError` naming the file, as a mistake inside it would be."""
+    if len(raw) > MAX_EVENT_BYTES:
+        raise DefinitionError([Problem(filename, None, "", "the file is larger than 1 MiB")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DefinitionError([Problem(filename, None, "", f"not UTF-8 text ({exc.reason})")]) from exc
 
 
 async def upload_event(state: WebState, text: str, source: str, actor: str) -> EventRow:
