@@ -26,12 +26,11 @@ import pytest
 
 from roadie.clock import SystemClock
 from roadie.modules.sandbox import SandboxWorld
-from roadie.store import Store
 from tests.chaos import clusters
 from tests.chaos.clusters import Cluster
 from tests.chaos.fleet import Fleet, all_settled, create_runs, require, runs_now, settled
 from tests.chaos.test_faults import _report
-from tests.chaos.worlds import assert_world_invariants, tally_effects, unfinished_runs
+from tests.chaos.worlds import assert_world_invariants, tally_effects, unfinished_at
 
 RUNS = int(os.environ.get("ROADIE_FAILOVER_RUNS", "12"))
 FAILOVERS = int(os.environ.get("ROADIE_FAILOVERS", "1"))
@@ -122,14 +121,7 @@ def test_workers_carry_on_when_the_primary_dies_and_its_synchronous_standby_take
     logs = [p.read_text(errors="replace") for p in fleet.home.glob("worker-*.log")]
     assert any("reconnecting" in log for log in logs), "no worker saw the primary go"
 
-    async def unfinished() -> list[str]:
-        store = await Store.open(url, migrate_schema=False)
-        try:
-            return await unfinished_runs(store, ids)
-        finally:
-            await store.close()
-
-    assert asyncio.run(unfinished()) == []
+    assert unfinished_at(url, ids) == []
     ended = {(r.status, r.error) for r in asyncio.run(runs_now(url, ids))}
     assert ended == {("succeeded", None)}, ended  # a failover fails no run
     with SandboxWorld(str(world_path), SystemClock()) as world:

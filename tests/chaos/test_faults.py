@@ -31,7 +31,7 @@ from roadie.modules.sandbox import SandboxWorld
 from roadie.registry import build_registry
 from roadie.states import RunStatus
 from roadie.store import Store, dialects
-from tests.chaos.worlds import assert_world_invariants, unfinished_runs
+from tests.chaos.worlds import assert_world_invariants, unfinished_at, unfinished_runs
 from tests.conftest import Harness
 from tests.databases import Database, is_pooled
 
@@ -360,14 +360,7 @@ def test_a_worker_carries_on_while_the_server_keeps_dropping_its_connections(
         assert killed > 0
         assert "reconnecting" in output, "the server never dropped a connection in use"
 
-        async def check() -> list[str]:
-            store = await Store.open(url, migrate_schema=False)
-            try:
-                return await unfinished_runs(store, ids)
-            finally:
-                await store.close()
-
-        assert asyncio.run(check()) == []
+        assert unfinished_at(url, ids) == []
         with SandboxWorld(str(world_path), SystemClock()) as world:
             world.clear_faults()
             assert_world_invariants(world.effects(), before, world.snapshot())

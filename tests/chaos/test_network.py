@@ -32,13 +32,12 @@ import pytest
 
 from roadie.clock import SystemClock
 from roadie.modules.sandbox import SandboxWorld
-from roadie.store import Store
 from tests.chaos import clusters, hosts
 from tests.chaos.clusters import Cluster
 from tests.chaos.fleet import Fleet, all_settled, create_runs, require, runs_now
 from tests.chaos.hosts import Host, Network
 from tests.chaos.test_faults import _report
-from tests.chaos.worlds import EffectsTally, assert_world_invariants, tally_effects, unfinished_runs
+from tests.chaos.worlds import EffectsTally, assert_world_invariants, tally_effects, unfinished_at
 from tests.remote.servers import SECRET, SandboxServer
 
 RUNS = int(os.environ.get("ROADIE_NETWORK_RUNS", "16"))
@@ -106,14 +105,7 @@ def lan(tmp_path: Path) -> Iterator[Lan]:
 def _check_exact(lan: Lan, ids: list[int], before: dict[str, object]) -> EffectsTally:
     """DESIGN §10 after the fact; answers the world's effects, tallied."""
 
-    async def unfinished() -> list[str]:
-        store = await Store.open(lan.url, migrate_schema=False)
-        try:
-            return await unfinished_runs(store, ids)
-        finally:
-            await store.close()
-
-    assert asyncio.run(unfinished()) == []
+    assert unfinished_at(lan.url, ids) == []
     ended = {(r.status, r.error) for r in asyncio.run(runs_now(lan.url, ids))}
     assert ended == {("succeeded", None)}, ended  # a network fault fails no run
     with SandboxWorld(str(lan.world.world), SystemClock()) as world:

@@ -23,7 +23,7 @@ from roadie.clock import SystemClock
 from roadie.modules.sandbox import SandboxWorld
 from roadie.store import Store
 from tests.chaos.test_faults import _create_worker_runs, _report, _settled, start_worker
-from tests.chaos.worlds import assert_world_invariants, unfinished_runs
+from tests.chaos.worlds import assert_world_invariants, unfinished_at
 from tests.databases import Database
 
 
@@ -93,14 +93,7 @@ def test_a_worker_carries_on_across_a_postgresql_restart(database: Database, tmp
         assert code == 0, output[-3000:]
         assert "reconnecting" in output, "the worker never saw the server go"
 
-        async def check() -> list[str]:
-            store = await Store.open(url, migrate_schema=False)
-            try:
-                return await unfinished_runs(store, ids)
-            finally:
-                await store.close()
-
-        assert asyncio.run(check()) == []
+        assert unfinished_at(url, ids) == []
         with SandboxWorld(str(world_path), SystemClock()) as world:
             world.clear_faults()
             assert_world_invariants(world.effects(), before, world.snapshot())

@@ -7,6 +7,7 @@ removal a `remove`, every lease write a `set`, whichever process did it.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -88,3 +89,16 @@ async def unfinished_runs(store: Store, run_ids: list[int]) -> list[str]:
     if doubles:
         problems.append(f"two live rows for one target: {doubles[:5]}")
     return problems
+
+
+def unfinished_at(url: str, run_ids: list[int]) -> list[str]:
+    """`unfinished_runs` on the database at `url`, opened for it and closed again."""
+
+    async def look() -> list[str]:
+        store = await Store.open(url, migrate_schema=False)
+        try:
+            return await unfinished_runs(store, run_ids)
+        finally:
+            await store.close()
+
+    return asyncio.run(look())
