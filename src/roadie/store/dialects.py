@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,10 +112,10 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_WAIT_MS}")
+        _journal_to_wal(cursor)
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 
     # A read of one statement needs no BEGIN at all (`ONE_STATEMENT`): SQLite reads each
@@ -125,6 +127,26 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         if options.get(ONE_STATEMENT):
             return
         conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY) else "BEGIN IMMEDIATE")
+
+
+SQLITE_BUSY_WAIT_MS = 30_000
+
+
+def _journal_to_wal(cursor: Any) -> None:
+    """Put the file in WAL mode (which it keeps). A new file turned to WAL by two
+    connections at once can answer "database is locked" at once, without waiting out the
+    busy timeout: that is tried again, briefly, for as long as the busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_WAIT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "database is locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)  # only ever while a new file is first opened
+        pause = min(pause * 2, 0.1)
 
 
 def insert_ignore(dialect_name: str, table: Table) -> Insert:
