@@ -100,6 +100,7 @@ class _Marks:
     reverted: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
     this_round: set[int] = field(default_factory=set)  # every row this cleanup reverted
+    held: set[int] = field(default_factory=set)  # lease rows another restorer held when this cleanup came
 
 
 @dataclass
@@ -360,6 +361,7 @@ class Cleanup:
             self.clock.now(),
             member_key=member_key,
             rolled_back=found.verdict is Verdict.PARTIALLY_ROLLED_BACK,
+            found_held=marks.held,
         )
         report.status = status.value
         log.info(
@@ -425,7 +427,9 @@ class Cleanup:
             if call.kind == "restore":
                 if not await self.store.claim_lease_row(claim, call.row_ids[0], now()):
                     report.held += 1  # the expiry sweeper is giving it back, and marks it itself
+                    marks.held.add(call.row_ids[0])
                     return
+                marks.held.discard(call.row_ids[0])  # tried by this cleanup: its outcome is this one's
                 row = next(r for r in rows if r.id == call.row_ids[0])
                 async with self._deadline():
                     changed = await leases.restore(self.store, self.registry, self.clock, row, self.call_timeout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -198,6 +199,7 @@ class CleanupQueries(Connector):
         member_key: str | None = None,
         rolled_back: bool = False,
         held: bool = False,
+        found_held: Collection[int] = (),
     ) -> CleanupStatus:
         """Judge how the cleanup ended, record its report and release its claim, in one
         transaction with the count of what is still live, so nothing recorded meanwhile can
@@ -206,10 +208,11 @@ class CleanupQueries(Connector):
         `complete` when nothing is live, or `rolled_back` when the verification found
         the world partially rolled back (`rolled_back`: what came back was reverted
         again, and the next round is to prove it); `held` when it reverted nothing because
-        a module had more than its cap to revert (`held`); `incomplete` when something is live; still `pending`
-        when all that is live is lease rows another restorer (the expiry sweeper) held
-        when this cleanup came to them, so the cleanup is due again to take back what that
-        restorer did not (it may have died, its claim running out). A cleanup of one
+        a module had more than its cap to revert (`held`); `incomplete` when something is
+        live; still `pending` when all that is live is lease rows another restorer (the
+        expiry sweeper) holds, or held when this cleanup came to them (`found_held`), so
+        the cleanup is due again to take back what that restorer did not (it may have
+        died, its claim running out, or failed and let the row go). A cleanup of one
         member (`member_key`) leaves the run's status as it was, and answers its own.
         Claim: the run's cleanup. Raises `ClaimLost`, writing nothing, when it is gone.
         """
@@ -224,10 +227,16 @@ class CleanupQueries(Connector):
                     await conn.execute(
                         select(func.count()).where(
                             *live,
-                            # Held by another restorer, or by one whose claim ran out since
-                            # this cleanup found it held: the next cleanup takes it over.
-                            run_resources.c.claim_token.is_not(None),
-                            run_resources.c.claim_token != claim.token,
+                            # Held by another restorer, or by one whose claim ran out or
+                            # that let it go since this cleanup found it held: this
+                            # cleanup never tried it, and the next one takes it over.
+                            or_(
+                                and_(
+                                    run_resources.c.claim_token.is_not(None),
+                                    run_resources.c.claim_token != claim.token,
+                                ),
+                                run_resources.c.id.in_(sorted(found_held)),
+                            ),
                         )
                     )
                 ).scalar()
