@@ -48,7 +48,7 @@ netns:
 # `make test` runs it at CI size.
 chaos: $(STAMP) netns
 	rm -f .chaos.jsonl
-	ROADIE_CHAOS_RESTART=1 ROADIE_CHAOS_REPORT=.chaos.jsonl ROADIE_NETWORK_CHAOS=1 ROADIE_NETWORK_RUNS=200 ROADIE_NETWORK_SECONDS=120 \
+	ROADIE_CHAOS_RESTART=1 ROADIE_CHAOS_REPORT=.chaos.jsonl ROADIE_NETWORK_RUNS=200 ROADIE_NETWORK_SECONDS=120 \
 		ROADIE_FAILOVERS=3 ROADIE_FAILOVER_RUNS=40 $(BIN)/python -m pytest tests/chaos -m chaos \
 		--chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
 	ROADIE_REMOTE_TRIALS=5 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/remote -k exact_through
