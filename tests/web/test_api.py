@@ -3,10 +3,14 @@ worker carrying the runs out."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+from typer.testing import CliRunner
+
+from roadie.cli.main import app
 from roadie.states import AUTO_CLEANUP_ROUNDS
 from roadie.web import tokens
 from tests.web.conftest import QUICK, SLOW, Site
@@ -449,3 +453,29 @@ def test_the_audit_log_is_filtered_by_who_what_run_and_time_and_paged(site: Site
     page = site.get("/audit", params={"action": "run"}).text
     assert page.count("<td>run.start</td>") == 2
     assert "event.apply" not in page
+
+
+def test_the_cli_json_shows_each_object_as_the_api_does(site: Site) -> None:
+    """One serialisation (`roadie.views`): what `--json` prints of a run, its steps and
+    ledger, the events, leases, audit, workers and tokens is what the API answers."""
+    site.upload(QUICK)
+    run = _start(site)
+    site.wait_settled(run["id"])
+    site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator")
+    env = {"ROADIE_DATABASE_URL": site.url, "ROADIE_CONFIG": str(site.home / "roadie.toml")}
+
+    def cli(*args: str) -> Any:
+        done = CliRunner().invoke(app, [*args, "--json"], env=env)
+        assert done.exit_code == 0, done.output
+        return json.loads(done.stdout)
+
+    shown = cli("run", "show", str(run["id"]))
+    assert shown["run"] == site.get(f"/api/v1/runs/{run['id']}").json()
+    assert shown["steps"] == site.get(f"/api/v1/runs/{run['id']}/steps").json()
+    assert shown["resources"] == site.get(f"/api/v1/runs/{run['id']}/ledger").json()
+    assert cli("run", "list") == site.get("/api/v1/runs").json()["items"]
+    assert cli("event", "list") == site.get("/api/v1/events").json()
+    assert cli("leases") == site.get("/api/v1/leases").json()
+    assert cli("audit", "--run", str(run["id"])) == site.get(f"/api/v1/audit?run={run['id']}").json()
+    assert cli("workers") == site.get("/api/v1/workers").json()
+    assert cli("token", "list") == site.get("/api/v1/tokens", "admin").json()

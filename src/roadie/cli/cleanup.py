@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from typing import Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
+from roadie import views
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -23,10 +23,10 @@ from roadie.cli.common import (
     styled,
 )
 from roadie.engine.cleanup import PreviewGroup
-from roadie.engine.leases import stack_ref
 from roadie.engine.verify import LISTED
 from roadie.runtime import Context
-from roadie.states import LAYER_KIND, CleanupStatus
+from roadie.states import CleanupStatus
+from roadie.views import shown, shown_all
 
 
 def cleanup(
@@ -63,7 +63,9 @@ def cleanup(
     if plan:
         preview, calls = result
         if as_json:
-            print_json({"summary": [asdict(g) for g in preview], "calls": [asdict(c) for c in calls]})
+            print_json(
+                {"summary": shown_all(views.PreviewGroup, preview), "calls": shown_all(views.PlannedCall, calls)}
+            )
             return
         if not calls:
             console.print(f"run {run_id}: nothing to clean up")
@@ -91,7 +93,7 @@ def cleanup(
             console.print(f"… and {len(calls) - PLAN_CALLS} more calls (--json lists them all)")
         return
     if as_json:
-        print_json(result.as_dict())
+        print_json(shown(views.CleanupReport, result.as_dict()))
     else:
         console.print(
             line(
@@ -234,20 +236,17 @@ def leases(
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.leases_in_force()
 
-    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
+    found = [views.Lease.of(r) for r in in_context(database_url, config, work, as_json=as_json, looks=True)]
     if as_json:
-        print_json([asdict(r) for r in rows])
+        print_json(shown_all(views.Lease, found))
         return
     table = Table("target", "run", "state", "saved value", "layer", "until")
-    for r in rows:
-        payload = r.payload if isinstance(r.payload, dict) else {}
-        saved = json.dumps(payload["saved"]) if "saved" in payload else ""
-        layer = ""
-        if r.kind == LAYER_KIND:
-            layer = f"priority {payload.get('priority')}: {json.dumps(payload.get('value'))}"
-        until = r.until.isoformat() if r.until else "cleanup"
-        table.add_row(stack_ref(r), str(r.run_id), styled(r.state), saved, layer, until)
-    console.print(table if rows else "no leases in force")
+    for lease in found:
+        saved = json.dumps(lease.saved) if lease.saved is not None else ""
+        layer = f"priority {lease.priority}: {json.dumps(lease.value)}" if lease.priority is not None else ""
+        until = lease.until.isoformat() if lease.until else "cleanup"
+        table.add_row(lease.target, str(lease.run_id), styled(lease.state), saved, layer, until)
+    console.print(table if found else "no leases in force")
 
 
 def audit(
@@ -266,7 +265,7 @@ def audit(
 
     rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json([asdict(r) for r in rows])
+        print_json(shown_all(views.AuditEntry, rows))
         return
     table = Table("at", "actor", "action", "subject", "detail")
     for r in rows:

@@ -9,9 +9,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from roadie import views
 from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, group, in_context, print_json
 from roadie.definitions import load_file
 from roadie.runtime import Context
+from roadie.views import shown_all
 
 event_app = group("Event definitions: validate, apply, list.")
 
@@ -71,7 +73,7 @@ def event_list(
 
     rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json([{"id": r.event_id, "version": r.version, "title": r.title} for r in rows])
+        print_json(shown_all(views.Event, rows))
         return
     table = Table("event", "version", "title", "phases", "schedule")
     for r in rows:

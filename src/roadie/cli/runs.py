@@ -16,6 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from roadie import views
 from roadie.cli.cleanup import late_lines, preview_table, verdict_lines
 from roadie.cli.common import (
     ConfigOption,
@@ -39,6 +40,7 @@ from roadie.engine.cleanup import PreviewGroup
 from roadie.runtime import Context
 from roadie.states import RunStatus
 from roadie.store.rows import RunRow
+from roadie.views import shown, shown_all
 
 run_app = group("Runs: start, list, show, cancel.")
 
@@ -93,7 +95,7 @@ def run_start(
     if left is not None:
         run = _hand_over(left, as_json=as_json, database_url=database_url, config=config)
     if as_json:
-        print_json(_run_dict(run))
+        print_json(shown(views.Run, run))
     else:
         console.print(
             line(f"run {run.id} of {run.event_id!r}: ", styled(run.status), ", cleanup ", styled(run.cleanup_status))
@@ -170,12 +172,6 @@ def _phase(run: RunRow) -> str:
     return f"{min(run.phase + 1, phases)}/{phases}"
 
 
-def _run_dict(run: RunRow) -> dict[str, Any]:
-    data = asdict(run)
-    data.pop("definition")
-    return data
-
-
 @run_app.command("list")
 def run_list(
     status: str | None = typer.Option(None, "--status", help="Only runs in this state."),
@@ -192,7 +188,7 @@ def run_list(
 
     runs = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json([_run_dict(r) for r in runs])
+        print_json(shown_all(views.Run, runs))
         return
     table = Table("run", "event", "status", "cleanup", "phase", "created", "error")
     for r in runs:
@@ -227,9 +223,9 @@ def run_show(
     if as_json:
         print_json(
             {
-                "run": _run_dict(run),
-                "steps": [asdict(s) for s in steps],
-                "resources": [asdict(r) for r in resources],
+                "run": shown(views.Run, run),
+                "steps": shown_all(views.Step, steps),
+                "resources": shown_all(views.Resource, resources),
                 "left_in_world": [asdict(g) for g in left],
             }
         )

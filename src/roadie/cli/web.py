@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from dataclasses import asdict
 from typing import Any
 
 import typer
 from rich.table import Table
 
+from roadie import views
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -24,6 +24,7 @@ from roadie.cli.common import (
     require_web,
 )
 from roadie.runtime import Context
+from roadie.views import shown_all
 
 token_app = group("API tokens of `roadie serve`: create, list, revoke.")
 
@@ -124,7 +125,7 @@ def token_list(
 
     rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json([{k: v for k, v in asdict(r).items() if k != "secret_hash"} for r in rows])
+        print_json(shown_all(views.Token, rows))
         return
     table = Table("id", "name", "role", "key", "created", "by", "revoked")
     for r in rows:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
 import typer
 from rich.table import Table
 
+from roadie import views
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -23,6 +23,7 @@ from roadie.cli.common import (
 )
 from roadie.runtime import Context
 from roadie.store.dialects import redacted
+from roadie.views import shown_all
 
 
 def init(database_url: str | None = DatabaseOption, config: str | None = ConfigOption) -> None:
@@ -136,7 +137,7 @@ def workers_list(
 
     now, rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json([asdict(r) for r in rows])
+        print_json(shown_all(views.Worker, rows))
         return
     table = Table("worker", "state", "host", "pid", "last heartbeat", "steps", "cleanups", "concurrency", "started")
     for r in rows:

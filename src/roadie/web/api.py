@@ -246,7 +246,7 @@ async def forget(request: Request, resource_id: RowId, body: schemas.Forget, who
 @router.get("/leases", response_model=list[schemas.Lease], tags=["leases"], responses=ERRORS)
 async def leases(request: Request, who: Viewer) -> Any:
     """Leases in force: which run holds which target, until when (none: until cleanup)."""
-    return [service.lease_view(r) for r in await state_of(request).store.leases_in_force()]
+    return [schemas.Lease.of(r) for r in await state_of(request).store.leases_in_force()]
 
 
 @router.get("/catalogue", response_model=list[ModuleEntry], tags=["catalogue"], responses=ERRORS)

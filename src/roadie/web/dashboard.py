@@ -24,6 +24,7 @@ from roadie.engine.cleanup import describe
 from roadie.errors import DefinitionError, Problem, RoadieError
 from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, WorkerState
 from roadie.store.rows import ResourceRow
+from roadie.views import Lease
 from roadie.web import auth, service
 from roadie.web.api import RowId
 from roadie.web.auth import COOKIE, Principal, require, state_of
@@ -433,7 +434,7 @@ async def catalogue_page(request: Request, who: Viewer) -> Response:
 @router.get("/leases", response_class=HTMLResponse)
 async def leases_page(request: Request, who: Viewer) -> Response:
     state = state_of(request)
-    rows = [service.lease_view(r) for r in await state.store.leases_in_force()]
+    rows = [Lease.of(r).model_dump() for r in await state.store.leases_in_force()]
     return _render(request, "leases.html", who, leases=rows, now=state.clock.now())
 
 

@@ -17,8 +17,8 @@ from roadie.engine import schedules
 from roadie.engine.cleanup import CleanupReport, PlannedCall
 from roadie.engine.leases import lease_ref, stack_ref
 from roadie.errors import DefinitionError, InvalidState, NotFound, Problem
-from roadie.states import LAYER_KIND, CleanupStatus, RunStatus
-from roadie.store.rows import EventRow, ResourceRow, RunRow
+from roadie.states import CleanupStatus, RunStatus
+from roadie.store.rows import EventRow, RunRow
 from roadie.web.state import WebState
 
 MAX_EVENT_BYTES = 1 << 20
@@ -147,21 +147,6 @@ async def plan(state: WebState, run_id: int, member_key: str | None = None) -> l
     return await state.engine.cleanup.plan(run_id, member_key)
 
 
-def lease_view(row: ResourceRow) -> dict[str, Any]:
-    payload = row.payload if isinstance(row.payload, dict) else {}
-    layered = row.kind == LAYER_KIND
-    return {
-        "resource_id": row.id,
-        "run_id": row.run_id,
-        "target": stack_ref(row),
-        "state": row.state,
-        "saved": payload.get("saved"),
-        "priority": payload.get("priority") if layered else None,
-        "value": payload.get("value") if layered else None,
-        "until": row.until,
-    }
-
-
 async def schedule_views(state: WebState) -> list[dict[str, Any]]:
     now = state.clock.now()
     found = []
@@ -184,10 +169,6 @@ async def schedule_views(state: WebState) -> list[dict[str, Any]]:
             }
         )
     return found
-
-
-def report_dict(report: CleanupReport) -> dict[str, Any]:
-    return report.as_dict()
 
 
 def plan_dicts(calls: list[PlannedCall]) -> list[dict[str, Any]]:
