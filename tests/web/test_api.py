@@ -479,3 +479,41 @@ def test_the_cli_json_shows_each_object_as_the_api_does(site: Site) -> None:
     assert cli("audit", "--run", str(run["id"])) == site.get(f"/api/v1/audit?run={run['id']}").json()
     assert cli("workers") == site.get("/api/v1/workers").json()
     assert cli("token", "list") == site.get("/api/v1/tokens", "admin").json()
+
+
+def test_every_list_comes_a_page_at_a_time_with_a_link_to_the_next(site: Site) -> None:
+    """Lists answer at most `limit` items and, when there are more, a `Link: <...>;
+    rel="next"` header (RFC 8288) whose pages together are the whole list, each item once.
+    The ledger pages by id, so rows recorded meanwhile neither shift nor repeat a page."""
+    site.upload(QUICK)
+    site.upload(QUICK.replace("quick-raid", "quick-raid-2"))
+    run = _start(site)
+    site.wait_settled(run["id"])
+
+    def walk(path: str, role: str = "viewer") -> tuple[list[Any], int]:
+        items, pages, url = [], 0, path
+        while url:
+            answer = site.get(url, role)
+            assert answer.status_code == 200, answer.text
+            items += answer.json()
+            pages += 1
+            link = answer.headers.get("link")
+            url = link[link.index("<") + 1 : link.index(">")] if link else ""
+            assert not link or link.endswith('>; rel="next"')
+        return items, pages
+
+    for path, role in [
+        (f"/api/v1/runs/{run['id']}/ledger", "viewer"),
+        (f"/api/v1/runs/{run['id']}/steps", "viewer"),
+        ("/api/v1/events", "viewer"),
+        ("/api/v1/audit", "viewer"),
+        ("/api/v1/tokens", "admin"),
+    ]:
+        whole = site.get(path, role).json()
+        assert len(whole) >= 2, path
+        assert "link" not in site.get(path, role).headers
+        assert walk(f"{path}?limit=1", role) == (whole, len(whole)), path
+    assert site.get("/api/v1/runs/1/ledger?limit=0").status_code == 422
+    assert site.get("/api/v1/events?offset=-1").status_code == 422
+    assert site.get("/api/v1/events/no-such/versions?offset=5").status_code == 404
+    assert site.get("/api/v1/events/quick-raid/versions?offset=5").json() == []

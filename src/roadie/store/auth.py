@@ -49,8 +49,8 @@ class AuthQueries(Connector):
         result: TokenRow = await self._write("create_token", work)
         return result
 
-    async def list_tokens(self) -> list[TokenRow]:
-        query = select(api_tokens).order_by(api_tokens.c.id)
+    async def list_tokens(self, *, limit: int | None = None, offset: int = 0) -> list[TokenRow]:
+        query = select(api_tokens).order_by(api_tokens.c.id).limit(limit).offset(offset)
 
         async def work(conn: AsyncConnection) -> list[TokenRow]:
             return [from_row(TokenRow, r) for r in await conn.execute(query)]

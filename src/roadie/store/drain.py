@@ -394,8 +394,14 @@ class DrainQueries(Connector):
         result: datetime | None = await self._read(work)
         return result
 
-    async def list_steps(self, run_id: int) -> list[StepRow]:
-        query = select(steps).where(steps.c.run_id == run_id).order_by(steps.c.phase, steps.c.seq)
+    async def list_steps(self, run_id: int, *, limit: int | None = None, offset: int = 0) -> list[StepRow]:
+        query = (
+            select(steps)
+            .where(steps.c.run_id == run_id)
+            .order_by(steps.c.phase, steps.c.seq)
+            .limit(limit)
+            .offset(offset)
+        )
 
         async def work(conn: AsyncConnection) -> list[StepRow]:
             return [from_row(StepRow, r) for r in await conn.execute(query)]

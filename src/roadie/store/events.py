@@ -73,12 +73,15 @@ class EventQueries(Connector):
         result: EventRow = await self._read(work)
         return result
 
-    async def list_events(self) -> list[EventRow]:
+    async def list_events(self, *, limit: int | None = None, offset: int = 0) -> list[EventRow]:
+        """The newest version of every event, by id; a page of them with `limit` and `offset`."""
         newest = select(events.c.event_id, func.max(events.c.version).label("v")).group_by(events.c.event_id).subquery()
         query = (
             select(events)
             .join(newest, and_(events.c.event_id == newest.c.event_id, events.c.version == newest.c.v))
             .order_by(events.c.event_id)
+            .limit(limit)
+            .offset(offset)
         )
 
         async def work(conn: AsyncConnection) -> list[EventRow]:
@@ -87,13 +90,17 @@ class EventQueries(Connector):
         result: list[EventRow] = await self._read(work)
         return result
 
-    async def list_event_versions(self, event_id: str) -> list[EventRow]:
-        """Every stored version of one event, newest first."""
-        query = select(events).where(events.c.event_id == event_id).order_by(events.c.version.desc())
+    async def list_event_versions(self, event_id: str, *, limit: int | None = None, offset: int = 0) -> list[EventRow]:
+        """Every stored version of one event, newest first; a page of them with `limit` and
+        `offset`. `NotFound` when no version of it is stored."""
+        of_it = events.c.event_id == event_id
+        query = select(events).where(of_it).order_by(events.c.version.desc()).limit(limit).offset(offset)
 
         async def work(conn: AsyncConnection) -> list[EventRow]:
             found = [from_row(EventRow, r) for r in await conn.execute(query)]
-            if not found:
+            if not found and (
+                offset == 0 or (await conn.execute(select(events.c.id).where(of_it).limit(1))).first() is None
+            ):
                 raise NotFound(f"no event {event_id!r}")
             return found
 

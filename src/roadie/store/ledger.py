@@ -81,9 +81,22 @@ class LedgerQueries(Connector):
         return outcome
 
     async def list_resources(
-        self, run_id: int, *, live_only: bool = False, state: ResourceState | None = None
+        self,
+        run_id: int,
+        *,
+        live_only: bool = False,
+        state: ResourceState | None = None,
+        after: int = 0,
+        limit: int | None = None,
     ) -> list[ResourceRow]:
-        query = select(run_resources).where(run_resources.c.run_id == run_id).order_by(run_resources.c.id)
+        """A run's ledger rows in the order recorded; a page of them is `limit` rows with ids
+        past `after` (keyset: a row recorded meanwhile neither shifts nor repeats a page)."""
+        query = (
+            select(run_resources)
+            .where(run_resources.c.run_id == run_id, run_resources.c.id > after)
+            .order_by(run_resources.c.id)
+            .limit(limit)
+        )
         if live_only:
             query = query.where(run_resources.c.state.in_(LIVE_STATES))
         if state is not None:

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from roadie.definitions.catalogue import ModuleEntry, catalogue
@@ -54,6 +54,35 @@ FILE_ERRORS = {**ERRORS, 422: {"model": schemas.ErrorBody, "description": "The f
 # Row ids are 32-bit on every database; a larger one names no row, and is refused as such.
 RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
+# -- pages: every list answers at most `limit` items; when there are more, a `Link` header
+# (RFC 8288) gives the URL of the next page, as GitHub's API does.
+
+NEXT = 'When there are more, the URL of the next page: `Link: <url>; rel="next"`.'
+Offset = Annotated[int, Query(ge=0, le=10**9, description="Items to skip: the page's start.")]
+
+
+def page_size(default: int, most: int) -> Any:
+    return Query(default, ge=1, le=most, description=f"At most this many (up to {most}). {NEXT}")
+
+
+def paged(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """`responses` with the 200 answer's `Link` header documented."""
+    link = {"Link": {"description": NEXT, "schema": {"type": "string"}}}
+    return {**responses, 200: {"description": "A page of the list.", "headers": link}}
+
+
+def page(request: Request, response: Response, found: list[Any], limit: int, **next_query: Any) -> list[Any]:
+    """`found` was read with one item more than `limit`: that one says there is a next page,
+    whose URL (`next_query` set on this request's) goes in the `Link` header."""
+    if len(found) <= limit:
+        return found
+    response.headers["Link"] = f'<{request.url.include_query_params(**next_query)}>; rel="next"'
+    return found[:limit]
+
+
+def offset_page(request: Request, response: Response, found: list[Any], limit: int, offset: int) -> list[Any]:
+    return page(request, response, found, limit, offset=offset + limit)
+
 
 @router.get("/me", response_model=schemas.Me, tags=["auth"], responses=ERRORS)
 async def me(who: Viewer) -> dict[str, Any]:
@@ -64,10 +93,13 @@ async def me(who: Viewer) -> dict[str, Any]:
 # -- events -------------------------------------------------------------------------------
 
 
-@router.get("/events", response_model=list[schemas.Event], tags=["events"], responses=ERRORS)
-async def list_events(request: Request, who: Viewer) -> Any:
-    """Every event, newest version of each."""
-    return await state_of(request).store.list_events()
+@router.get("/events", response_model=list[schemas.Event], tags=["events"], responses=paged(ERRORS))
+async def list_events(
+    request: Request, response: Response, who: Viewer, limit: int = page_size(100, 1000), offset: Offset = 0
+) -> Any:
+    """Every event, newest version of each, by id."""
+    found = await state_of(request).store.list_events(limit=limit + 1, offset=offset)
+    return offset_page(request, response, found, limit, offset)
 
 
 @router.post(
@@ -109,10 +141,18 @@ async def get_event(request: Request, event_id: str, who: Viewer) -> Any:
     return await state_of(request).store.get_event(event_id)
 
 
-@router.get("/events/{event_id}/versions", response_model=list[schemas.Event], tags=["events"], responses=FOUND)
-async def event_versions(request: Request, event_id: str, who: Viewer) -> Any:
+@router.get("/events/{event_id}/versions", response_model=list[schemas.Event], tags=["events"], responses=paged(FOUND))
+async def event_versions(
+    request: Request,
+    response: Response,
+    event_id: str,
+    who: Viewer,
+    limit: int = page_size(100, 1000),
+    offset: Offset = 0,
+) -> Any:
     """Every stored version of an event, newest first."""
-    return await state_of(request).store.list_event_versions(event_id)
+    found = await state_of(request).store.list_event_versions(event_id, limit=limit + 1, offset=offset)
+    return offset_page(request, response, found, limit, offset)
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -166,20 +206,38 @@ async def cancel_run(request: Request, run_id: RowId, who: Operator) -> Any:
     return {"run_id": run_id, "cancel_requested": True}
 
 
-@router.get("/runs/{run_id}/steps", response_model=list[schemas.Step], tags=["runs"], responses=FOUND)
-async def run_steps(request: Request, run_id: RowId, who: Viewer) -> Any:
+@router.get("/runs/{run_id}/steps", response_model=list[schemas.Step], tags=["runs"], responses=paged(FOUND))
+async def run_steps(
+    request: Request,
+    response: Response,
+    run_id: RowId,
+    who: Viewer,
+    limit: int = page_size(1000, 10_000),
+    offset: Offset = 0,
+) -> Any:
     """A run's steps in order, with their attempts."""
     store = state_of(request).store
     await store.get_run(run_id)
-    return await store.list_steps(run_id)
+    found = await store.list_steps(run_id, limit=limit + 1, offset=offset)
+    return offset_page(request, response, found, limit, offset)
 
 
-@router.get("/runs/{run_id}/ledger", response_model=list[schemas.Resource], tags=["ledger"], responses=FOUND)
-async def run_ledger(request: Request, run_id: RowId, who: Viewer, state: ResourceState | None = None) -> Any:
-    """A run's ledger: every resource it recorded, in the order recorded, with its state."""
+@router.get("/runs/{run_id}/ledger", response_model=list[schemas.Resource], tags=["ledger"], responses=paged(FOUND))
+async def run_ledger(
+    request: Request,
+    response: Response,
+    run_id: RowId,
+    who: Viewer,
+    state: ResourceState | None = None,
+    limit: int = page_size(1000, 10_000),
+    after: int = Query(0, ge=0, le=2**31 - 1, description="Only rows with a greater id: the page's start."),
+) -> Any:
+    """A run's ledger: every resource it recorded, in the order recorded, with its state.
+    Paged by id (`after`), so rows recorded meanwhile neither shift nor repeat a page."""
     store = state_of(request).store
     await store.get_run(run_id)
-    return await store.list_resources(run_id, state=state)
+    found = await store.list_resources(run_id, state=state, after=after, limit=limit + 1)
+    return page(request, response, found, limit, after=found[limit - 1].id if len(found) > limit else after)
 
 
 @router.get(
@@ -243,10 +301,13 @@ async def forget(request: Request, resource_id: RowId, body: schemas.Forget, who
 # -- the world ----------------------------------------------------------------------------
 
 
-@router.get("/leases", response_model=list[schemas.Lease], tags=["leases"], responses=ERRORS)
-async def leases(request: Request, who: Viewer) -> Any:
+@router.get("/leases", response_model=list[schemas.Lease], tags=["leases"], responses=paged(ERRORS))
+async def leases(
+    request: Request, response: Response, who: Viewer, limit: int = page_size(1000, 10_000), offset: Offset = 0
+) -> Any:
     """Leases in force: which run holds which target, until when (none: until cleanup)."""
-    return [schemas.Lease.of(r) for r in await state_of(request).store.leases_in_force()]
+    found = [schemas.Lease.of(r) for r in await state_of(request).store.leases_in_force()]
+    return offset_page(request, response, found[offset : offset + limit + 1], limit, offset)
 
 
 @router.get("/catalogue", response_model=list[ModuleEntry], tags=["catalogue"], responses=ERRORS)
@@ -256,22 +317,30 @@ async def catalogue_of_modules(request: Request, who: Viewer) -> Any:
     return catalogue(state_of(request).registry)
 
 
-@router.get("/schedules", response_model=list[schemas.Schedule], tags=["schedules"], responses=ERRORS)
-async def list_schedules(request: Request, who: Viewer) -> Any:
+@router.get("/schedules", response_model=list[schemas.Schedule], tags=["schedules"], responses=paged(ERRORS))
+async def list_schedules(
+    request: Request, response: Response, who: Viewer, limit: int = page_size(100, 1000), offset: Offset = 0
+) -> Any:
     """Scheduled events, where each schedule stands and its next occurrence. A schedule is
     changed by uploading a new version of its event (admin)."""
-    return await service.schedule_views(state_of(request))
+    found = await service.schedule_views(state_of(request))
+    return offset_page(request, response, found[offset : offset + limit + 1], limit, offset)
 
 
-@router.get("/workers", response_model=list[schemas.Worker], tags=["workers"], responses=ERRORS)
-async def list_workers(request: Request, who: Viewer) -> Any:
+@router.get("/workers", response_model=list[schemas.Worker], tags=["workers"], responses=paged(ERRORS))
+async def list_workers(
+    request: Request, response: Response, who: Viewer, limit: int = page_size(100, 1000), offset: Offset = 0
+) -> Any:
+    """Workers that have run against this database: alive, stopped or gone quiet."""
     state = state_of(request)
-    return [asdict(w) for w in await state.store.list_workers(state.clock.now(), state.engine.options.claim_ttl)]
+    found = await state.store.list_workers(state.clock.now(), state.engine.options.claim_ttl)
+    return offset_page(request, response, found[offset : offset + limit + 1], limit, offset)
 
 
-@router.get("/audit", response_model=list[schemas.AuditEntry], tags=["audit"], responses=ERRORS)
+@router.get("/audit", response_model=list[schemas.AuditEntry], tags=["audit"], responses=paged(ERRORS))
 async def audit(
     request: Request,
+    response: Response,
     who: Viewer,
     run: int | None = Query(None, ge=1, le=2**31 - 1),
     subject: str | None = Query(None, max_length=200),
@@ -279,25 +348,29 @@ async def audit(
     action: str | None = Query(None, max_length=100, description="`run.start`, or `run` for every run action"),
     since: datetime | None = Query(None, description="at or after this time (ISO 8601)"),
     until: datetime | None = Query(None, description="before this time (ISO 8601)"),
-    limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0, le=10**9),
+    limit: int = page_size(100, 1000),
+    offset: Offset = 0,
 ) -> Any:
     """The audit log, newest first: who did what, those entries matching every filter
     given. `run` is shorthand for `subject=run:N`; `offset` pages through the rest. A
     time without a zone is UTC."""
     since, until = (t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t for t in (since, until))
-    return await state_of(request).store.list_audit(
-        f"run:{run}" if run else subject, limit, actor=actor, action=action, since=since, until=until, offset=offset
+    found = await state_of(request).store.list_audit(
+        f"run:{run}" if run else subject, limit + 1, actor=actor, action=action, since=since, until=until, offset=offset
     )
+    return offset_page(request, response, found, limit, offset)
 
 
 # -- tokens -------------------------------------------------------------------------------
 
 
-@router.get("/tokens", response_model=list[schemas.Token], tags=["auth"], responses=ERRORS)
-async def list_tokens(request: Request, who: Admin) -> Any:
+@router.get("/tokens", response_model=list[schemas.Token], tags=["auth"], responses=paged(ERRORS))
+async def list_tokens(
+    request: Request, response: Response, who: Admin, limit: int = page_size(100, 1000), offset: Offset = 0
+) -> Any:
     """Every token, revoked ones too (admin). Secrets are never shown again."""
-    return await state_of(request).store.list_tokens()
+    found = await state_of(request).store.list_tokens(limit=limit + 1, offset=offset)
+    return offset_page(request, response, found, limit, offset)
 
 
 @router.post("/tokens", response_model=schemas.MintedToken, status_code=201, tags=["auth"], responses=_errors(400, 409))
