@@ -824,6 +824,30 @@ phases:
     ]
 
 
+def test_a_run_is_bounded_in_what_its_steps_hold_in_all(registry: Registry) -> None:
+    """Each value is bounded, but many steps of a large value each would render gigabytes
+    for the database to store and the workers to dispatch: a run whose steps come to more
+    than 16 million characters is refused at the step that crosses the bound, when the
+    file is checked (from the defaults) and when a run starts (from its params)."""
+    text = """\
+id: big
+params:
+  n: {type: int, default: 10}
+phases:
+  - name: only
+    steps:
+""" + "      - {action: core.log, with: {message: \"{{ 'a' * n * 1000 }}{{ 'b' * n * 1000 }}\"}}\n" * 20
+    definition = load_definition(text, "big.yaml", registry)
+    assert len(render(definition, definition.resolve_params({"n": 390}), registry).phases[0].steps) == 20
+    with pytest.raises(DefinitionError) as caught:
+        render(definition, definition.resolve_params({"n": 450}), registry)
+    [problem] = caught.value.problems
+    assert problem.field == "phases[0].steps[17].with"
+    assert "more than 16,000,000 characters of parameters" in problem.message
+    [problem] = problems_of(text.replace("default: 10", "default: 450"), reg=registry)
+    assert problem.field == "phases[0].steps[17].with"
+
+
 def test_a_long_file_without_aliases_is_not_taken_for_an_alias_bomb() -> None:
     """20,001 steps written out (about 1.4 MB) were refused as "too large once its aliases
     are expanded" though the file has no alias; they load."""

@@ -24,8 +24,10 @@ from pydantic import ValidationError
 from roadie.definitions.model import EventDefinition, ParamSpec, StepDef
 from roadie.definitions.render import (
     ENV,
+    MAX_RUN_CHARACTERS,
     RENDER_SECONDS,
     RESERVED_NAMES,
+    RUN_TOO_LARGE,
     FieldPath,
     TemplateFailure,
     accepted_keys,
@@ -33,6 +35,7 @@ from roadie.definitions.render import (
     error_message,
     field_path,
     has_template,
+    json_size,
     render_value,
     step_rules,
     suggest,
@@ -319,6 +322,7 @@ class _Checker:
         self.param_names = [str(name) for name in self.params]
         self.allowed = set(self.param_names) | RESERVED_NAMES | set(ENV.globals)
         self.at: FieldPath = ()  # the step being checked, for a check that runs out of time
+        self.size = 0  # what the steps' values checked so far come to, as JSON characters
 
     def bounded_problems(self) -> list[Problem]:
         """The problems found, the probes' rendering bounded in time as a run's is."""
@@ -454,6 +458,10 @@ class _Checker:
             return
         assert self.registry is not None  # checked by the caller
         known = {str(key): value for key, value in probe.items()}
+        over = self.size > MAX_RUN_CHARACTERS
+        self.size += json_size(known)
+        if not over and self.size > MAX_RUN_CHARACTERS:
+            self._add(with_path, RUN_TOO_LARGE)
         for path, message in step_rules(self.registry, action, known, timeout, unchecked):
             self._add((*with_path, *path), message)
 

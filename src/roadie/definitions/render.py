@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import difflib
+import json
 import re
 import threading
 import types
@@ -53,6 +54,19 @@ RESERVED_NAMES = frozenset({"params", "event", "run"})
 _MAX_SEQUENCE = 1_000_000
 _MAX_EXPONENT = 1_000
 RENDER_SECONDS = 2.0
+# What a run's steps may hold in all, as JSON: each value is bounded by _MAX_SEQUENCE, but
+# a file of many steps could still render gigabytes, every byte stored and dispatched.
+MAX_RUN_CHARACTERS = 16_000_000
+RUN_TOO_LARGE = (
+    f"the run's steps come to more than {MAX_RUN_CHARACTERS:,} characters of parameters by this step; "
+    "a run holds at most that (give large data to a module by reference)"
+)
+
+
+def json_size(values: Any) -> int:
+    """What `values` come to as compact JSON, in characters."""
+    return len(json.dumps(values, separators=(",", ":"), default=str))
+
 
 T = TypeVar("T")
 
@@ -450,6 +464,7 @@ def _render(
     context = template_context(params, event_id=definition.id, title=definition.title, run_id=run_id)
     problems: list[Problem] = []
     phases: list[RenderedPhase] = []
+    size = 0  # the rendered parameters so far, as JSON characters
     for phase_index, phase in enumerate(definition.phases):
         steps: list[RenderedStep] = []
         for seq, step in enumerate(phase.steps):
@@ -486,6 +501,9 @@ def _render(
                 field = field_path((*where, "with"))
                 problems.append(Problem(source, None, field, f"invalid parameters: {exc}"))
                 continue
+            size += json_size(values)
+            if size > MAX_RUN_CHARACTERS:
+                raise DefinitionError([*problems, Problem(source, None, field_path((*where, "with")), RUN_TOO_LARGE)])
             for path, message in step_rules(registry, action, values, step.timeout):
                 problems.append(Problem(source, None, field_path((*where, "with", *path)), message))
             steps.append(
