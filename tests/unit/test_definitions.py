@@ -829,14 +829,17 @@ def test_a_run_is_bounded_in_what_its_steps_hold_in_all(registry: Registry) -> N
     for the database to store and the workers to dispatch: a run whose steps come to more
     than 16 million characters is refused at the step that crosses the bound, when the
     file is checked (from the defaults) and when a run starts (from its params)."""
-    text = """\
+    text = (
+        """\
 id: big
 params:
   n: {type: int, default: 10}
 phases:
   - name: only
     steps:
-""" + "      - {action: core.log, with: {message: \"{{ 'a' * n * 1000 }}{{ 'b' * n * 1000 }}\"}}\n" * 20
+"""
+        + "      - {action: core.log, with: {message: \"{{ 'a' * n * 1000 }}{{ 'b' * n * 1000 }}\"}}\n" * 20
+    )
     definition = load_definition(text, "big.yaml", registry)
     assert len(render(definition, definition.resolve_params({"n": 390}), registry).phases[0].steps) == 20
     with pytest.raises(DefinitionError) as caught:
