@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -206,6 +207,27 @@ def test_revoking_a_token_ends_its_sessions(site: Site) -> None:
     _login(site, "operator")
     assert site.client.get("/api/v1/me").status_code == 200
     assert site.client.delete("/api/v1/tokens/operator", headers=site.auth("admin")).status_code == 200
+    assert site.client.get("/api/v1/me").status_code == 401
+
+
+def test_a_token_revoked_by_another_process_stops_working_within_the_credentials_moment(site: Site) -> None:
+    """A server trusts a token or session it checked a moment ago (`credentials_ttl`)
+    without reading it again; a revocation made elsewhere (`roadie token revoke`, another
+    server) is seen once that moment has passed, both by bearer and by session."""
+    _login(site, "operator")
+    bearer = site.auth("viewer")
+    assert site.client.get("/api/v1/me").status_code == 200
+    assert site.get("/api/v1/me", "viewer").status_code == 200
+    now = site.state.clock.now()
+    site.store_call(lambda s: s.revoke_token("operator", "elsewhere", now))
+    site.store_call(lambda s: s.revoke_token("viewer", "elsewhere", now))
+    ttl = site.state.options.credentials_ttl
+    deadline = time.monotonic() + ttl + 30  # the moment, and a margin for a loaded machine
+    while site.client.get("/api/v1/me").status_code == 200 or (
+        site.client.get("/api/v1/me", headers=bearer).status_code == 200
+    ):
+        assert time.monotonic() < deadline, f"still trusted {ttl + 30:g}s after its revocation"
+        time.sleep(0.05)
     assert site.client.get("/api/v1/me").status_code == 401
 
 

@@ -393,4 +393,6 @@ async def create_token(request: Request, body: schemas.NewToken, who: Admin) -> 
 async def revoke_token(request: Request, token: str, who: Admin) -> Any:
     """Revoke a token by name, key or id (admin); its dashboard sessions end at once."""
     state = state_of(request)
-    return await state.store.revoke_token(token, who.actor, state.clock.now())
+    revoked = await state.store.revoke_token(token, who.actor, state.clock.now())
+    state.credentials.clear()  # at once here; another server process trusts it for credentials_ttl at most
+    return revoked

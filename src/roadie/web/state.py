@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from roadie.clock import Clock
 from roadie.engine import Engine
@@ -29,6 +31,42 @@ class WebOptions:
     session_ttl: float = 12 * 3600.0
     secure_cookies: bool = False  # set the cookie's Secure flag (serve behind HTTPS)
     poll: float = 1.0  # how often a live stream looks at the database without a nudge
+    credentials_ttl: float = 2.0  # how long a checked token or session is trusted without a read
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Recent(Generic[K, V]):
+    """What was looked up a moment ago (`seconds`), at most `size` entries, the oldest
+    dropped first. A web request's credentials are read from the database on every
+    request otherwise, one read as costly as the request's own."""
+
+    def __init__(self, seconds: float, size: int = 4096) -> None:
+        self.seconds = seconds
+        self.size = size
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if time.monotonic() >= entry[0]:
+            del self._entries[key]
+            return None
+        return entry[1]
+
+    def put(self, key: K, value: V) -> None:
+        if self.seconds <= 0:
+            return
+        self._entries[key] = (time.monotonic() + self.seconds, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 @dataclass
@@ -41,3 +79,9 @@ class WebState:
     metrics: Metrics
     broker: Broker
     worker_task: asyncio.Task[Any] | None = None
+    # Credentials checked a moment ago (`WebOptions.credentials_ttl`): a revocation or a
+    # sign-out here empties it at once; another server process sees it within that moment.
+    credentials: Recent[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.credentials = Recent(self.options.credentials_ttl)
