@@ -10,6 +10,7 @@ CI (`CI=true`).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -142,6 +143,9 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             page.wait_for_selector('#live[data-ended="true"]', timeout=90_000)
             expect(page.locator(".summary")).to_contain_text("succeeded")
             expect(page.locator("#cleanup-status")).to_contain_text("pending")
+            # What the run left in the world, in the world's words (manual cleanup: all of it).
+            expect(page.locator("#left-in-world")).to_contain_text("orc")
+            expect(page.locator("#left-in-world")).to_contain_text(re.compile(r"\d+ live of \d+ ledger rows"))
             shot = page.screenshot(full_page=True)
             assert shot.startswith(b"\x89PNG")
             if os.environ.get("ROADIE_SCREENSHOT") == "1":
@@ -186,6 +190,9 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             expect(page.locator("#cleanup-report")).to_contain_text("0 failed")
             expect(page.locator("#verdict")).to_contain_text("verified clean")
             expect(page.locator("#plan")).to_contain_text("Nothing to clean up")
+            page.goto(f"{base}/runs/1")
+            expect(page.locator("#left-in-world")).to_contain_text(re.compile(r"0 live · \d+ reverted"))
+            expect(page.locator("#left-in-world")).to_contain_text("all it made was taken back down")
 
             # The runs list is live too: a run started elsewhere (the API, another
             # person) shows up, and moves on, without a reload.

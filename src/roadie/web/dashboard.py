@@ -48,6 +48,28 @@ def _world_words(row: ResourceRow) -> str:
 
 
 templates.env.filters["world_words"] = _world_words
+
+
+def _left_in_world(resources: list[ResourceRow], newest: int = 3) -> dict[str, Any]:
+    """What a run's ledger says is in the world now, in the world's words: its live rows
+    grouped by module and kind with the newest few named, and how many rows are live,
+    failed (live, with the error of a revert that did not go), reverted and forgotten."""
+    groups: dict[tuple[str, str], list[ResourceRow]] = {}
+    counts = dict.fromkeys(("live", "failed", "reverted", "forgotten"), 0)
+    for r in reversed(resources):  # newest first
+        state = ResourceState(r.state)
+        if state.holds_target:
+            counts["failed" if r.error else "live"] += 1
+            groups.setdefault((r.owner, r.kind), []).append(r)
+        elif state is ResourceState.REVERTED:
+            counts["reverted"] += 1
+        elif state is ResourceState.ABANDONED:
+            counts["forgotten"] += 1
+    shown = [
+        {"owner": owner, "kind": kind, "count": len(rows), "newest": [_world_words(r) for r in rows[:newest]]}
+        for (owner, kind), rows in groups.items()
+    ]
+    return {"groups": shown, "counts": counts}
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
@@ -369,12 +391,14 @@ async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
     state = state_of(request)
     run, steps, resources = await state.store.run_view(run_id)
     names = [p.get("name", "") for p in run.definition.get("phases", [])]
-    live = sum(1 for r in resources if ResourceState(r.state).holds_target)
+    left = _left_in_world(resources)
+    live = left["counts"]["live"] + left["counts"]["failed"]
     return {
         "run": run,
         "steps": steps,
         "resources": resources,
         "live_rows": live,
+        "left": left,
         "phase_names": names,
         "timeline": layout(run, steps, state.clock.now()),
         "in_flight": run.status in service.IN_FLIGHT,
