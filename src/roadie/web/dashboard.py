@@ -70,6 +70,8 @@ def _left_in_world(resources: list[ResourceRow], newest: int = 3) -> dict[str, A
         for (owner, kind), rows in groups.items()
     ]
     return {"groups": shown, "counts": counts}
+
+
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
