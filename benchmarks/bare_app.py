@@ -1,8 +1,9 @@
 """The floor for `benchmarks/web_latency.py`: a bare FastAPI app on the same stack as
-`roadie serve` (uvicorn, SQLAlchemy's async engine over aiosqlite, the same database
-file) that answers `GET /runs/{id}` with the run's row, read with one query, as JSON. No
-authentication, no response model, no templates: what any app on this stack pays to
-answer a request that reads one row.
+`roadie serve` (uvicorn, SQLAlchemy's async engine over aiosqlite made as Roadie makes
+it, `roadie.store.dialects.create_engine`, with its connection settings; the same
+database file) that answers `GET /runs/{id}` with the run's row, read with one query, as
+JSON. No authentication, no response model, no templates: what any app on this stack
+pays to answer a request that reads one row.
 
     ROADIE_BENCH_DB=/path/roadie.db uvicorn bare_app:app --port P
 """
@@ -14,9 +15,10 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
-engine = create_async_engine(f"sqlite+aiosqlite:///{os.environ['ROADIE_BENCH_DB']}")
+from roadie.store.dialects import create_engine
+
+engine = create_engine(f"sqlite:///{os.environ['ROADIE_BENCH_DB']}")
 app = FastAPI()
 
 

@@ -128,6 +128,22 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
             return
         conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY) else "BEGIN IMMEDIATE")
 
+    # Nor does a read that began none need a ROLLBACK when it ends (nor the pool one when
+    # the connection goes back): each is a round trip to aiosqlite's thread, and the
+    # connection knows without one whether a transaction is open.
+    dialect = engine.sync_engine.dialect
+    rollback = dialect.do_rollback
+
+    def _rollback(dbapi_connection: Any) -> None:
+        try:
+            open_ = dbapi_connection.driver_connection.in_transaction
+        except Exception:  # a closed connection: the driver's own rollback says how
+            open_ = True
+        if open_:
+            rollback(dbapi_connection)
+
+    dialect.do_rollback = _rollback  # type: ignore[method-assign]
+
 
 SQLITE_BUSY_WAIT_MS = 30_000
 
