@@ -181,7 +181,8 @@ def main(argv: list[str]) -> int:
             "",
             f"`roadie serve --no-worker` (uvicorn, one process) on SQLite holding one finished run of the demo "
             "invasion, and beside it its floor: a bare FastAPI app (`benchmarks/bare_app.py`: the same uvicorn, "
-            "SQLAlchemy's async engine over aiosqlite made as Roadie makes it, the same database file) answering the same run's row, read "
+            "SQLAlchemy's async engine over aiosqlite made as Roadie makes it, the same database file) "
+            "answering the same run's row, read "
             f"with one query, as JSON. {args.clients} concurrent `httpx` clients over loopback, each sending "
             f"{args.requests} requests one after another (after one warm-up request), in one client process on "
             f"the same machine; the three targets measured in turn, {args.rounds} rounds, medians of the rounds. "
