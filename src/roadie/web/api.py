@@ -84,6 +84,11 @@ def offset_page(request: Request, response: Response, found: list[Any], limit: i
     return page(request, response, found, limit, offset=offset + limit)
 
 
+def listed_page(request: Request, response: Response, every: list[Any], limit: int, offset: int) -> list[Any]:
+    """A page of a list made whole in memory (it is short: leases, schedules, workers)."""
+    return offset_page(request, response, every[offset : offset + limit + 1], limit, offset)
+
+
 @router.get("/me", response_model=schemas.Me, tags=["auth"], responses=ERRORS)
 async def me(who: Viewer) -> dict[str, Any]:
     """Who this token is."""
@@ -307,7 +312,7 @@ async def leases(
 ) -> Any:
     """Leases in force: which run holds which target, until when (none: until cleanup)."""
     found = [schemas.Lease.of(r) for r in await state_of(request).store.leases_in_force()]
-    return offset_page(request, response, found[offset : offset + limit + 1], limit, offset)
+    return listed_page(request, response, found, limit, offset)
 
 
 @router.get("/catalogue", response_model=list[ModuleEntry], tags=["catalogue"], responses=ERRORS)
@@ -324,7 +329,7 @@ async def list_schedules(
     """Scheduled events, where each schedule stands and its next occurrence. A schedule is
     changed by uploading a new version of its event (admin)."""
     found = await service.schedule_views(state_of(request))
-    return offset_page(request, response, found[offset : offset + limit + 1], limit, offset)
+    return listed_page(request, response, found, limit, offset)
 
 
 @router.get("/workers", response_model=list[schemas.Worker], tags=["workers"], responses=paged(ERRORS))
@@ -334,7 +339,7 @@ async def list_workers(
     """Workers that have run against this database: alive, stopped or gone quiet."""
     state = state_of(request)
     found = await state.store.list_workers(state.clock.now(), state.engine.options.claim_ttl)
-    return offset_page(request, response, found[offset : offset + limit + 1], limit, offset)
+    return listed_page(request, response, found, limit, offset)
 
 
 @router.get("/audit", response_model=list[schemas.AuditEntry], tags=["audit"], responses=paged(ERRORS))
@@ -394,5 +399,5 @@ async def revoke_token(request: Request, token: str, who: Admin) -> Any:
     """Revoke a token by name, key or id (admin); its dashboard sessions end at once."""
     state = state_of(request)
     revoked = await state.store.revoke_token(token, who.actor, state.clock.now())
-    state.credentials.clear()  # at once here; another server process trusts it for credentials_ttl at most
+    state.forget_credentials()  # at once here; another server process trusts it for credentials_ttl at most
     return revoked

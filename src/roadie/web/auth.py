@@ -72,18 +72,18 @@ def _session_hash(session_id: str) -> str:
 
 async def check_token(state: WebState, presented: str) -> TokenRow | None:
     """The live token `presented` is, or None. A token found live a moment ago is trusted
-    without a read (`WebState.credentials`); one found wrong is read again each time."""
+    without a read (`WebState.tokens`); one found wrong is read again each time."""
     parts = tokens.split(presented)
     if parts is None:
         return None
-    known = f"token:{tokens.hash_secret(presented)}"
-    row = state.credentials.get(known)
+    known = tokens.hash_secret(presented)
+    row = state.tokens.get(known)
     if row is not None:
-        return row  # type: ignore[no-any-return]
+        return row
     row = await state.store.find_token(parts[0])
     if row is None or row.revoked_at is not None or not tokens.matches(parts[1], row.secret_hash):
         return None
-    state.credentials.put(known, row)
+    state.tokens.put(known, row)
     return row
 
 
@@ -105,7 +105,7 @@ async def close_session(state: WebState, cookie: str, actor: str) -> None:
     session_id = _unsign(state, cookie)
     if session_id is not None:
         await state.store.end_session(_session_hash(session_id), actor, state.clock.now())
-        state.credentials.clear()
+        state.forget_credentials()
 
 
 def _unsign(state: WebState, cookie: str) -> str | None:
@@ -128,14 +128,14 @@ async def identify(request: Request) -> Principal | None:
     if cookie:
         session_id = _unsign(state, cookie)
         if session_id is not None:
-            known = f"session:{_session_hash(session_id)}"
-            principal = state.credentials.get(known)
+            known = _session_hash(session_id)
+            principal: Principal | None = state.sessions.get(known)
             if principal is not None:
-                return principal  # type: ignore[no-any-return]
-            session = await state.store.get_session(_session_hash(session_id), state.clock.now())
+                return principal
+            session = await state.store.get_session(known, state.clock.now())
             if session is not None:
                 principal = Principal(session.token, "session", session.csrf)
-                state.credentials.put(known, principal)
+                state.sessions.put(known, principal)
                 return principal
     return None
 

@@ -13,6 +13,7 @@ from roadie.clock import Clock
 from roadie.engine import Engine
 from roadie.registry import Registry
 from roadie.store import Store
+from roadie.store.rows import TokenRow
 from roadie.web.live import Broker
 from roadie.web.metrics import Metrics
 
@@ -79,9 +80,17 @@ class WebState:
     metrics: Metrics
     broker: Broker
     worker_task: asyncio.Task[Any] | None = None
-    # Credentials checked a moment ago (`WebOptions.credentials_ttl`): a revocation or a
-    # sign-out here empties it at once; another server process sees it within that moment.
-    credentials: Recent[str, Any] = field(init=False)
+    # Credentials checked a moment ago (`WebOptions.credentials_ttl`), by the hash of the
+    # token or session id: a revocation or a sign-out here empties them at once; another
+    # server process sees it within that moment.
+    tokens: Recent[str, TokenRow] = field(init=False)
+    sessions: Recent[str, Any] = field(init=False)  # of `auth.Principal`, which imports this module
 
     def __post_init__(self) -> None:
-        self.credentials = Recent(self.options.credentials_ttl)
+        self.tokens = Recent(self.options.credentials_ttl)
+        self.sessions = Recent(self.options.credentials_ttl)
+
+    def forget_credentials(self) -> None:
+        """Check every token and session again on its next use (one was revoked or ended)."""
+        self.tokens.clear()
+        self.sessions.clear()
