@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_origin
 
@@ -63,6 +64,9 @@ NO_KEY = "-"  # the key header of a request that is about no step (manifest, pul
 # field they do not know.
 H_FEATURES = "X-Roadie-Features"
 FEATURE_TOKENS = "delivery-token"
+# A poll that sends `X-Roadie-Features: signed-body` gets its answer's signature inside the
+# body (`SignedAnswer`), for HTTP clients that show no response headers (Luanti's).
+FEATURE_SIGNED_BODY = "signed-body"
 
 _SYSTEM_CLOCK = SystemClock()
 
@@ -173,10 +177,45 @@ def verify_answer(
     verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew, clock=clock)
 
 
+def features(headers: Mapping[str, str]) -> frozenset[str]:
+    """What a poll asked for in `X-Roadie-Features` (comma-separated, any case)."""
+    return frozenset(part.strip().lower() for part in _header(headers, H_FEATURES).split(",") if part.strip())
+
+
 def wants_tokens(headers: Mapping[str, str]) -> bool:
     """Whether a poll asked for delivery tokens (`X-Roadie-Features: delivery-token`)."""
-    features = _header(headers, H_FEATURES)
-    return FEATURE_TOKENS in (part.strip().lower() for part in features.split(","))
+    return FEATURE_TOKENS in features(headers)
+
+
+def signed_body(secret: str, path: str, answer: Any, *, now: float | None = None, clock: Clock | None = None) -> bytes:
+    """`answer` (JSON-able) with its signature inside: a `SignedAnswer` whose `answer` is
+    its JSON text. What is signed is the text the module reads back out of it, so that
+    text is ASCII (JSON escapes the rest) and no decoder can change a byte of it."""
+    text = json.dumps(answer, ensure_ascii=True, separators=(",", ":"))
+    headers = sign_answer(secret, path, text.encode(), now=now, clock=clock)
+    signed = SignedAnswer(timestamp=headers[H_TIMESTAMP], signature=headers[H_SIGNATURE], answer=text)
+    return signed.model_dump_json().encode()
+
+
+def open_signed_body(
+    secret: str,
+    path: str,
+    raw: bytes,
+    *,
+    now: float | None = None,
+    max_skew: float = MAX_SKEW,
+    clock: Clock | None = None,
+) -> bytes:
+    """The answer inside a `SignedAnswer`, refused as `verify_answer` refuses one whose
+    signature is missing, wrong or stale."""
+    try:
+        signed = SignedAnswer.model_validate_json(raw)
+    except ValueError as exc:
+        raise SignatureRefused("unsigned answer: the body is no signed answer") from exc
+    headers = {H_TIMESTAMP: signed.timestamp, H_SIGNATURE: signed.signature}
+    body = signed.answer.encode()
+    verify_answer(secret, path, headers, body, now=now, max_skew=max_skew, clock=clock)
+    return body
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
@@ -360,6 +399,15 @@ class PulledCall(_Body):
 
 class PullAnswer(_Body):
     calls: list[PulledCall]
+
+
+class SignedAnswer(_Body):
+    """An answer carrying its own signature (`signed-body`): `signature` is made as the
+    headers' would be, over `ANSWER \\n PATH \\n timestamp \\n answer`."""
+
+    timestamp: str
+    signature: str
+    answer: str = Field(description="the answer itself, as JSON text")
 
 
 class AnswerPost(_Body):

@@ -98,6 +98,47 @@ def test_the_gateway_carries_a_call_and_its_answer(harness: Harness) -> None:
     harness.run(body)
 
 
+def test_a_poll_that_asks_gets_its_answer_signed_inside_the_body(harness: Harness) -> None:
+    """For clients that show no response headers (Luanti's): the answer's text and its
+    signature in one body; the text is ASCII, so whatever decodes the body gives back
+    the very bytes that were signed, though the calls carry any unicode."""
+    unicode_body = {**BODY, "params": {"message": 'Ærø 🐉 \u2028 "quoted"'}}
+
+    async def body() -> None:
+        queue = WorkQueue(harness.store, poll_interval=0.01)
+        app = Gateway(harness.store, queue, {"lua": SECRET}, harness.registry).app()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            caller = asyncio.create_task(queue.submit("lua", "dispatch", "k-1", unicode_body))
+            poll = _signed(protocol.PULL, {"max": 4, "wait": 2})
+            poll["headers"][protocol.H_FEATURES] = "Delivery-Token, signed-body"
+            pulled = await client.post(protocol.PULL, **poll)
+            assert pulled.status_code == 200, pulled.text
+            assert protocol.H_SIGNATURE not in pulled.headers
+            envelope = pulled.json()
+            assert envelope["answer"].isascii()
+            opened = protocol.open_signed_body(SECRET, protocol.PULL, pulled.content)
+            [call] = protocol.PullAnswer.model_validate_json(opened).calls
+            assert call.body == unicode_body
+            assert call.token
+
+            for refused in (
+                {**envelope, "answer": envelope["answer"].replace("k-1", "k-2")},
+                {**envelope, "signature": envelope["signature"][:-1] + "0"},
+                {"calls": []},
+            ):
+                with pytest.raises(protocol.SignatureRefused):
+                    protocol.open_signed_body(SECRET, protocol.PULL, json.dumps(refused).encode())
+            with pytest.raises(protocol.SignatureRefused, match="wrong signature"):
+                protocol.open_signed_body("another secret", protocol.PULL, pulled.content)
+            with pytest.raises(protocol.SignatureRefused, match="stale"):
+                protocol.open_signed_body(SECRET, protocol.PULL, pulled.content, now=0)
+            answer = {"id": call.id, "status": 200, "body": {"resources": []}, "token": call.token}
+            assert (await client.post(protocol.ANSWER, **_signed(protocol.ANSWER, answer))).json()["accepted"]
+            assert await asyncio.wait_for(caller, 5) == (200, {"resources": []})
+
+    harness.run(body)
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [

@@ -120,10 +120,14 @@ class Gateway:
         ]
         # A module that did not ask for delivery tokens may refuse a field it does not
         # know (the SDK's bodies forbid extras): it gets the calls as it always did.
-        tokens = protocol.wants_tokens(request.headers)
-        exclude = None if tokens else {"calls": {"__all__": {"token"}}}
-        raw = protocol.PullAnswer(calls=calls).model_dump_json(exclude=exclude).encode()
+        features = protocol.features(request.headers)
+        exclude = None if protocol.FEATURE_TOKENS in features else {"calls": {"__all__": {"token"}}}
+        answer = protocol.PullAnswer(calls=calls)
         secret = self.secrets[module]
+        if protocol.FEATURE_SIGNED_BODY in features:
+            raw = protocol.signed_body(secret, protocol.PULL, answer.model_dump(mode="json", exclude=exclude))
+            return Response(raw, media_type="application/json")
+        raw = answer.model_dump_json(exclude=exclude).encode()
         headers = protocol.sign_answer(secret, protocol.PULL, raw)
         return Response(raw, media_type="application/json", headers=headers)
 
