@@ -351,7 +351,7 @@ class Engine(Drain):
         """Work until these runs have ended and any automatic cleanup is done.
 
         With a `FakeClock` time jumps straight to the next due moment; with the system
-        clock this sleeps until then, as a worker would. Once `stop` is called it returns
+        clock this sleeps until then, or `poll_interval` at most, as a worker would. Once `stop` is called it returns
         as soon as what was in flight has answered, with the runs as they then stand:
         whatever is left is any worker's to carry on.
         """
@@ -367,7 +367,10 @@ class Engine(Drain):
             if isinstance(self.clock, FakeClock):
                 self.clock.set(max(due, self.clock.now()))
             else:
-                await self._nap(max(0.0, (due - self.clock.now()).total_seconds()))
+                # As a worker does, look again every poll_interval at most: a step whose call
+                # is in another process's hands (a pulled call) may answer before it is due.
+                wait = min(self.options.poll_interval, (due - self.clock.now()).total_seconds())
+                await self._nap(max(0.0, wait))
         raise RoadieError(f"runs {ids} did not settle within {max_ticks} ticks")
 
 
