@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos lint bench clean chromium pgbouncer netns constraints sdk
+.PHONY: demo test chaos lint bench clean chromium pgbouncer netns luanti constraints sdk
 
 # The versions in constraints.txt are those the suite last passed with.
 $(STAMP): pyproject.toml constraints.txt
@@ -22,7 +22,7 @@ demo: $(STAMP)
 	rm -rf .demo && mkdir -p .demo
 	cd .demo && ../$(BIN)/roadie demo
 
-test: $(STAMP) chromium pgbouncer netns
+test: $(STAMP) chromium pgbouncer netns luanti
 	$(BIN)/python -m pytest
 
 # The dashboard's browser test drives Debian's Chromium (Playwright downloads no browser).
@@ -34,6 +34,11 @@ chromium:
 pgbouncer:
 	@[ -x /usr/sbin/pgbouncer ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; } || echo "pgbouncer missing: apt-get install -y pgbouncer (as root) for the pgbouncer backend"
 	@command -v systemd-analyze >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd; } || echo "systemd-analyze missing: apt-get install -y systemd (as root) for tests/deploy"
+
+# The Luanti integration is tested against a real Luanti server (Debian's minetest-server,
+# with Minetest Game from minetest-data), and its Lua SDK under Lua 5.1 and LuaJIT.
+luanti:
+	@{ [ -x /usr/games/minetestserver ] && [ -d /usr/share/games/minetest/games/minetest_game ] && command -v lua5.1 && command -v luajit; } >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq minetest-server minetest-data lua5.1 luajit; } || echo "minetest-server, lua5.1 or luajit missing: apt-get install -y minetest-server minetest-data lua5.1 luajit (as root) for tests/luanti"
 
 # tests/chaos/test_network.py puts workers on hosts of their own (network namespaces, made
 # with iproute2) and cuts their links with nftables; it needs root, as CI has.

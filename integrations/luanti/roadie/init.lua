@@ -1,0 +1,130 @@
+-- Roadie for Luanti: this server becomes a Roadie module over the pull transport. It polls
+-- the gateway named by `roadie.gateway_url` for calls, carries each out in the game loop,
+-- and posts the answer back; see docs/integrations/luanti.md.
+local modpath = minetest.get_modpath("roadie")
+local sdk = dofile(modpath .. "/sdk/init.lua")(modpath .. "/sdk")
+local json = sdk.json
+
+local function log(level, message)
+  minetest.log(level, message)
+end
+
+local http = minetest.request_http_api()
+if http == nil then
+  error("roadie: this mod needs HTTP: add it to secure.http_mods (secure.http_mods = roadie)")
+end
+
+local settings = minetest.settings
+local worldpath = minetest.get_worldpath()
+
+local function read_secret()
+  local file = settings:get("roadie.secret_file")
+  if file and file ~= "" then
+    local path = file:sub(1, 1) == "/" and file or (worldpath .. "/" .. file)
+    local f = io.open(path, "r")
+    if f == nil then
+      error("roadie: cannot read roadie.secret_file " .. path)
+    end
+    local secret = (f:read("*l") or ""):gsub("%s+$", "")
+    f:close()
+    return secret
+  end
+  return settings:get("roadie.secret") or ""
+end
+
+local secret = read_secret()
+if secret == "" then
+  error("roadie: no secret: set roadie.secret_file (a file in the world folder) or roadie.secret")
+end
+
+-- The key ledger lives in the world folder, appended to and flushed before each answer
+-- leaves: mod storage and the map are saved only every few seconds, and a server killed
+-- in between would forget answers it had already given.
+local journal_path = worldpath .. "/roadie_ledger.jsonl"
+local journal
+local store = {
+  load = function()
+    local f = io.open(journal_path, "r")
+    if f == nil then
+      return nil
+    end
+    local text = f:read("*a")
+    f:close()
+    return text
+  end,
+  append = function(line)
+    journal:write(line)
+    journal:flush()
+  end,
+  replace = function(text)
+    if journal then
+      journal:close()
+    end
+    if not minetest.safe_file_write(journal_path, text) then
+      error("roadie: cannot write " .. journal_path)
+    end
+    journal = assert(io.open(journal_path, "a"))
+  end,
+}
+local ledger = sdk.ledger.open(store)
+if ledger.skipped > 0 then
+  log("warning", string.format("roadie: %d damaged line(s) in %s were skipped", ledger.skipped, journal_path))
+end
+
+local poller
+local function report(key, resources, done)
+  poller:report(key, resources, done)
+end
+
+local world = dofile(modpath .. "/world.lua")(sdk, ledger, report, log)
+local module = sdk.module.new({
+  name = settings:get("roadie.module") or "luanti",
+  description = "A Luanti world (" .. (minetest.get_game_info and minetest.get_game_info().id or "game")
+    .. "): creatures, nodes, chat, the time of day and settings",
+  actions = world.actions,
+  leases = world.leases,
+  revert = world.revert,
+  inspect = world.inspect,
+  tagged = world.tagged,
+  find = world.find,
+  ledger = ledger,
+})
+
+poller = sdk.poll.new({
+  url = settings:get("roadie.gateway_url") or "http://127.0.0.1:7300",
+  module = module.def.name,
+  secret = secret,
+  manifest = module:manifest(),
+  wait = tonumber(settings:get("roadie.wait")) or 15,
+  handle = function(path, body)
+    return module:handle(path, body)
+  end,
+  http = function(request, done)
+    http.fetch({
+      url = request.url,
+      method = "POST",
+      data = request.data,
+      extra_headers = request.headers,
+      timeout = request.timeout,
+    }, function(result)
+      done({ok = result.succeeded, code = result.code, data = result.data, timeout = result.timeout})
+    end)
+  end,
+  now = os.time,
+  after = minetest.after,
+  log = log,
+})
+
+-- Start once the world is running (the entity and node APIs are not ready at load time).
+minetest.after(0, function()
+  poller:start()
+end)
+minetest.register_on_shutdown(function()
+  poller:stop()
+  if journal then
+    journal:close()
+    journal = nil
+  end
+end)
+
+roadie = {sdk = sdk, module = module, poller = poller, ledger = ledger, json = json}

@@ -1,0 +1,202 @@
+"""The Luanti integration against a real Luanti server (Debian's minetest-server with
+Minetest Game): an event borrows the time of day and a setting, announces, spawns two
+waves of tagged creatures (some of which summon others, reported late), places and digs
+nodes, and cleanup leaves the world as it found it; a server killed by SIGKILL right
+after cleanup comes back with what it had not saved, and verification takes it all back
+down again, the time of day included; and the conformance kit passes against the mod."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.luanti.harness import SECRET, Luanti, Roadie, require_luanti, wait_for
+from tests.remote.servers import free_port
+
+EVENT = """
+id: arena-raid
+title: Night raid on the arena
+cleanup: manual
+phases:
+  - name: dusk
+    steps:
+      - {action: core.lease, name: night, with: {lease: luanti.time_of_day, value: 0.0}}
+      - {action: core.lease, name: banner, with: {lease: luanti.setting, target: motd, value: "Raid on the arena!"}}
+      - {action: luanti.announce, name: warning, with: {message: "The dead walk in the arena"}}
+  - name: first wave
+    steps:
+      - action: luanti.spawn
+        name: zombies
+        with: {pos: {x: 0, y: 1, z: 0}, kind: zombie, count: 4, summons: 1, summon_after: 0.2}
+        retry: {attempts: 20, backoff: 200ms}
+      - action: luanti.place
+        name: barricade
+        with: {node: "default:cobble", positions: [{x: 1, y: 1, z: 1}, {x: 2, y: 1, z: 1}, {x: 3, y: 1, z: 3}]}
+        retry: {attempts: 20, backoff: 200ms}
+      - action: luanti.dig
+        name: crater
+        with: {positions: [{x: -2, y: 0, z: -2}, {x: -3, y: 1, z: -3}]}
+        retry: {attempts: 20, backoff: 200ms}
+  - name: second wave
+    steps:
+      - action: luanti.spawn
+        name: skeletons
+        with: {pos: {x: -4, y: 1, z: 4}, kind: skeleton, count: 5}
+        retry: {attempts: 20, backoff: 200ms}
+"""
+CREATURES = 4 + 4 + 5  # zombies, the minions they summon, skeletons
+PLACED = 3
+HOLES = ["-2,0,-2", "-3,1,-3"]  # where the crater was dug: stone, and the arena's tree
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[Roadie, Luanti]]:
+    require_luanti()
+    roadie = Roadie(tmp_path / "roadie")
+    roadie.start_gateway()
+    luanti = Luanti(tmp_path / "luanti", roadie.url, extra="server_map_save_interval = 600")
+    try:
+        luanti.start()
+        luanti.ready()
+        yield roadie, luanti
+    except BaseException:
+        print("--- luanti log ---\n" + luanti.log_tail(60))
+        print("--- gateway log ---\n" + roadie.gateway_log.read_text(errors="replace")[-3000:])
+        raise
+    finally:
+        luanti.stop()
+        roadie.stop_gateway()
+
+
+def _run_the_event(roadie: Roadie, luanti: Luanti) -> tuple[int, set[str]]:
+    """Start the event, work it through, and wait for the late minions to be recorded:
+    the run's id and its steps' keys."""
+    (roadie.home / "raid.yaml").write_text(EVENT)
+    started = roadie.json("run", "start", "raid.yaml", "--wait")
+    run_id = started["run"]["id"] if "run" in started else started["id"]
+    assert roadie.json("run", "show", str(run_id))["run"]["status"] == "succeeded"
+
+    def recorded() -> dict[str, Any] | None:
+        shown = roadie.json("run", "show", str(run_id))
+        creatures = [r for r in shown["resources"] if r["kind"] == "creature"]
+        return shown if len(creatures) == CREATURES else None
+
+    shown = wait_for("the summoned minions to be reported", recorded, 60, every=0.5)
+    keys = {s["idempotency_key"] for s in shown["steps"]}
+    return run_id, keys
+
+
+def _ours(seen: dict[str, Any], keys: set[str]) -> tuple[list[Any], list[Any], list[str]]:
+    """The run's creatures and placed nodes (tagged with its keys), and its holes."""
+    return (
+        [c for c in seen["creatures"] if c["key"] in keys],
+        [n for n in seen["tagged"] if n["key"] in keys],
+        [h for h in HOLES if h not in seen["solid"]],
+    )
+
+
+def _as_before(seen: dict[str, Any], before: dict[str, Any]) -> None:
+    assert seen["creatures"] == []
+    assert seen["tagged"] == []
+    assert seen["chest"] == before["chest"]
+    assert seen["time_of_day"] == before["time_of_day"]
+    assert seen["settings"] == before["settings"]
+    assert seen["arena"] == before["arena"], (seen["counts"], before["counts"])
+
+
+def test_an_event_is_set_up_in_a_real_luanti_world_and_cleanup_leaves_it_as_it_was(
+    world: tuple[Roadie, Luanti],
+) -> None:
+    roadie, luanti = world
+    before = luanti.look()
+    assert before is not None
+    assert before["chest"] == ["1=default:apple 5", "7=default:mese_crystal 2"]
+
+    run_id, keys = _run_the_event(roadie, luanti)
+    during = luanti.look()
+    assert during is not None
+    creatures, nodes, holes = _ours(during, keys)
+    assert sorted(c["kind"] for c in creatures) == sorted(["zombie"] * 4 + ["zombie minion"] * 4 + ["skeleton"] * 5)
+    assert (len(nodes), holes) == (PLACED, HOLES)
+    assert [before["solid"][h] for h in HOLES] == ["default:stone", "default:tree"]
+    assert during["time_of_day"] == 0.0
+    assert during["settings"]["motd"] == "Raid on the arena!"
+    assert during["chest"] == []  # the barricade stands where the chest was
+    assert during["arena"] != before["arena"]
+
+    report = roadie.json("cleanup", str(run_id))
+    assert report["status"] == "complete", report
+    assert report["verdict"] == "verified_clean", report
+    _as_before(luanti.look() or {}, before)
+
+
+def test_a_server_killed_right_after_cleanup_comes_back_and_verification_takes_it_down_again(
+    world: tuple[Roadie, Luanti],
+) -> None:
+    """Luanti saves the map every `server_map_save_interval`: killed before the next save
+    after cleanup, it comes back with the event's creatures, nodes and time of day. The
+    mod's key ledger is a journal flushed before each answer, so it remembers the reverts
+    the world forgot; verification reads everything back and does it again."""
+    roadie, luanti = world
+    before = luanti.look()
+    assert before is not None
+    run_id, keys = _run_the_event(roadie, luanti)
+    luanti.stop()  # a clean stop saves the event's world; the next save is 600 s away
+    luanti.start()
+    during = luanti.ready()
+    creatures, nodes, holes = _ours(during, keys)
+    assert (len(creatures), len(nodes), holes, during["time_of_day"]) == (CREATURES, PLACED, HOLES, 0.0)
+
+    report = roadie.json("cleanup", str(run_id))
+    assert (report["status"], report["verdict"]) == ("complete", "verified_clean"), report
+    luanti.kill()  # within a second of `complete`: nothing of the cleanup was saved
+    luanti.start()
+    back = luanti.ready()
+    creatures, nodes, holes = _ours(back, keys)
+    assert (len(creatures), len(nodes), holes, back["time_of_day"]) == (CREATURES, PLACED, HOLES, 0.0)
+
+    verified = roadie.json("cleanup", str(run_id), "--verify", exit_code=1)  # it found the world rolled back
+    found = verified["verification"]
+    assert (verified["status"], verified["verdict"]) == ("rolled_back", "partially_rolled_back"), verified
+    assert found["came_back"] == CREATURES + PLACED + len(HOLES) + 1, found  # the time of day too
+    assert found["gone"] == 1, found  # the setting: Luanti keeps settings set at run time in memory only
+    again = roadie.json("cleanup", str(run_id), "--verify")
+    assert again["verdict"] == "verified_clean", again
+    assert again["verification"]["came_back"] == 0, again
+    _as_before(luanti.look() or {}, before)
+    print(
+        f"\nluanti kill after cleanup: {len(creatures)} creatures, {len(nodes)} placed nodes and {len(holes)} "
+        f"holes came back with the borrowed time of day; verification redid {found['came_back']}"
+    )
+
+
+def test_the_conformance_kit_passes_against_the_mod(tmp_path: Path) -> None:
+    require_luanti()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    kit = subprocess.Popen(
+        [
+            *Roadie.cli(), "conformance", url, "--pull", "--secret", SECRET, "--module", "luanti",
+            "--target", "setting=motd", "--json",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    luanti = Luanti(tmp_path / "luanti", url)
+    try:
+        luanti.start()
+        out, err = kit.communicate(timeout=240)
+    except BaseException:
+        kit.kill()
+        print("--- luanti log ---\n" + luanti.log_tail(60))
+        raise
+    finally:
+        luanti.stop()
+    report = json.loads(out)
+    failed = [r for r in report["results"] if r["outcome"] == "fail"]
+    assert not failed, json.dumps(report, indent=1) + err[-2000:]
+    assert kit.returncode == 0, err[-2000:]
