@@ -210,7 +210,7 @@ def test_a_server_killed_during_cleanup_comes_back_and_verification_takes_it_dow
     assert came_back == CREATURES  # every removal made before the kill was lost with it
     out, err = cleanup.communicate(timeout=300)
     first = json.loads(out)
-    assert first["status"] in ("complete", "rolled_back"), first
+    assert first["status"] in ("complete", "rolled_back"), (first, err[-2000:])
     # What its own verification found there again (reverted this round: "still there"), or
     # that came back (reverted by an earlier round), is reopened and reverted again.
     redone = first["verification"]["came_back"] + first["verification"]["still_there"]
