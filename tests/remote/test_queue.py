@@ -139,6 +139,44 @@ def test_a_poll_that_asks_gets_its_answer_signed_inside_the_body(harness: Harnes
     harness.run(body)
 
 
+def test_a_poll_whose_module_hung_up_ends_and_hands_out_nothing(harness: Harness) -> None:
+    """A module process that dies while its poll is held: the poll ends at once, instead of
+    being handed the next call for nobody to read (lost until its visibility timeout)."""
+
+    async def body() -> None:
+        queue = WorkQueue(harness.store, poll_interval=0.01)
+        app = Gateway(harness.store, queue, {"lua": SECRET}, harness.registry).app()
+        raw = json.dumps({"max": 4, "wait": 30}).encode()
+        headers = protocol.sign(SECRET, "POST", protocol.PULL, raw, module="lua")
+        messages: list[dict[str, Any]] = [{"type": "http.request", "body": raw, "more_body": False}]
+        hung_up = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await hung_up.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            return None
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": protocol.PULL, "raw_path": protocol.PULL.encode(), "query_string": b"",
+            "root_path": "", "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+            "client": ("127.0.0.1", 40000), "server": ("gw", 80),
+        }  # fmt: skip
+        polling = asyncio.create_task(app(scope, receive, send))
+        hung_up.set()
+        await asyncio.wait_for(polling, 10)  # not the poll's 30 s
+
+        await QueueStore(harness.store).enqueue("lua", "dispatch", "k-1", BODY, harness.clock.now())
+        [call] = await QueueStore(harness.store).take("lua", 4, harness.clock.now(), visibility=30)
+        assert call.deliveries == 1  # the dead poll was handed nothing
+
+    harness.run(body)
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [

@@ -97,6 +97,30 @@ def test_only_the_delivery_in_hand_may_answer(harness: Harness) -> None:
     harness.run(body)
 
 
+def test_a_module_that_announces_again_gets_the_calls_its_last_process_held_at_once(harness: Harness) -> None:
+    """A restarted module announces: what its dead process held is due again at once, not
+    after the visibility timeout; the old delivery's answer is refused once it is."""
+
+    async def body() -> None:
+        calls = QueueStore(harness.store)
+        held_id = await calls.enqueue("lua", "dispatch", "k-1", BODY, harness.clock.now())
+        other = await calls.enqueue("other", "dispatch", "k-2", {**BODY, "idempotency_key": "k-2"}, harness.clock.now())
+        [held] = await calls.take("lua", 10, harness.clock.now(), visibility=30)
+        [theirs] = await calls.take("other", 10, harness.clock.now(), visibility=30)
+        assert await calls.take("lua", 10, harness.clock.now(), visibility=30) == []
+
+        await calls.announce("lua", {"module": "lua"}, harness.clock.now())
+        [again] = await calls.take("lua", 10, harness.clock.now(), visibility=30)
+        assert (again.id, again.deliveries) == (held_id, 2)
+        assert await calls.take("other", 10, harness.clock.now(), visibility=30) == []  # another module's stay
+        stale = await calls.answer("lua", held_id, 200, {"old": True}, harness.clock.now(), held.token)
+        assert "stale delivery" in stale.reason
+        assert await calls.answer("lua", held_id, 200, {"resources": []}, harness.clock.now(), again.token)
+        assert await calls.answer("other", other, 200, {"resources": []}, harness.clock.now(), theirs.token)
+
+    harness.run(body)
+
+
 def test_the_gateway_gives_tokens_to_polls_that_ask_and_refuses_late_answers(harness: Harness) -> None:
     """A poll that asks for delivery tokens gets one per call (others get the calls as
     before, without the field); an answer for a call whose caller gave up is refused,

@@ -11,6 +11,7 @@ Every request is signed with the calling module's secret and names the module in
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +29,7 @@ from roadie.remote import protocol
 from roadie.remote.queue import WorkQueue
 from roadie.states import CleanupStatus, Reversible
 from roadie.store import NewResource
+from roadie.store.queue import QueuedCall
 from roadie.store.store import Store
 
 log = structlog.get_logger(__name__)
@@ -105,7 +107,9 @@ class Gateway:
     async def pull(self, request: Request) -> Any:
         module, body = await self._verified(request)
         wanted = self._parse(protocol.PullRequest, body)
-        taken = await self.queue.take(module, wanted.max, wanted.wait)
+        taken = await self._take_while_connected(request, module, wanted)
+        if taken is None:
+            return Response(status_code=499)  # nobody is listening: nothing was handed out
         calls = [
             protocol.PulledCall(
                 id=c.id,
@@ -130,6 +134,29 @@ class Gateway:
         raw = answer.model_dump_json(exclude=exclude).encode()
         headers = protocol.sign_answer(secret, protocol.PULL, raw)
         return Response(raw, media_type="application/json", headers=headers)
+
+    async def _take_while_connected(
+        self, request: Request, module: str, wanted: protocol.PullRequest
+    ) -> list[QueuedCall] | None:
+        """The calls for a poll, or None if its module hung up while the poll was held: a
+        module process that died mid-poll would otherwise be handed calls nobody reads,
+        each lost until its visibility timeout."""
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            await _disconnected(request)
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            taken = await self.queue.take(module, wanted.max, wanted.wait, gone=gone)
+        finally:
+            watcher.cancel()
+        if gone.is_set():
+            if taken:  # handed out as the module hung up: due again at once
+                await self.queue.calls.release([c.id for c in taken], self.queue.now())
+            return None
+        return taken
 
     async def answer(self, request: Request) -> Any:
         module, body = await self._verified(request)
@@ -201,6 +228,12 @@ class Server(uvicorn.Server):
         if queue is not None:
             queue.close()
         await super().shutdown(sockets=sockets)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client hangs up (its body was read: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def gateway_router(find: Callable[[Request], Gateway]) -> APIRouter:

@@ -160,23 +160,32 @@ class WorkQueue:
 
     # -- the gateway's side ---------------------------------------------------------
 
-    async def take(self, module: str, limit: int, wait: float) -> list[QueuedCall]:
-        """Hand out due calls, holding the poll open up to `wait` seconds when there are none."""
+    async def take(
+        self, module: str, limit: int, wait: float, *, gone: asyncio.Event | None = None
+    ) -> list[QueuedCall]:
+        """Hand out due calls, holding the poll open up to `wait` seconds when there are none,
+        and handing out nothing once `gone` is set (the poller hung up)."""
         deadline = asyncio.get_running_loop().time() + wait
         await self._expire()
         while True:
-            if self._closed:
-                return []  # nothing handed out by a process that is going away
+            if self._closed or (gone is not None and gone.is_set()):
+                return []  # nothing handed out by a process going away, or to nobody
             event = self._work[module]
             event.clear()
             taken = await self.calls.take(module, limit, self.clock.now(), self.visibility)
             remaining = deadline - asyncio.get_running_loop().time()
             if taken or remaining <= 0:
                 return taken
-            # Woken at once by a call queued in this process; other processes' calls are
-            # seen at the next look.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), min(remaining, max(self.poll_interval * 4, 0.2)))
+            # Woken at once by a call queued in this process, or by `gone`; other
+            # processes' calls are seen at the next look.
+            woken = [asyncio.ensure_future(event.wait())]
+            if gone is not None:
+                woken.append(asyncio.ensure_future(gone.wait()))
+            try:
+                await asyncio.wait(woken, timeout=min(remaining, max(self.poll_interval * 4, 0.2)))
+            finally:
+                for waiter in woken:
+                    waiter.cancel()
 
     def close(self) -> None:
         """The process is stopping: every poll held open is answered now, with nothing, and

@@ -193,6 +193,18 @@ class QueueStore:
         answered: AnswerTaken = await self.store._write("answer_call", work)
         return answered
 
+    async def release(self, call_ids: Sequence[int], now: datetime) -> None:
+        """Make calls handed out to a poller that hung up before reading them due again now."""
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(remote_calls)
+                .where(remote_calls.c.id.in_(list(call_ids)), remote_calls.c.answered_at.is_(None))
+                .values(visible_at=now)
+            )
+
+        await self.store._write("release_calls", work)
+
     async def withdraw(self, call_id: int, now: datetime, reason: str) -> bool:
         """Take back a call whose caller gave up on it (its deadline passed, its step or
         cleanup ended): it is never handed out again, and no answer to it is kept.
@@ -275,10 +287,27 @@ class QueueStore:
     # -- what pulling modules announced ---------------------------------------------
 
     async def announce(self, name: str, manifest: dict[str, Any], now: datetime) -> None:
+        """Keep what a module says it is. A module announces when it starts: the calls it
+        held before (handed out, not answered) died with its last process, so they are due
+        again at once, instead of after their visibility timeout. The module's key ledger
+        answers any it had carried out; an answer from the old delivery is still kept until
+        the call is handed out again, and refused after."""
+
         async def work(conn: AsyncConnection) -> None:
             await conn.execute(delete(remote_modules).where(remote_modules.c.name == name))
             await conn.execute(
                 insert(remote_modules).values(name=name, manifest=manifest, announced_at=now, polled_at=now)
+            )
+            await conn.execute(
+                update(remote_calls)
+                .where(
+                    remote_calls.c.module == name,
+                    remote_calls.c.answered_at.is_(None),
+                    remote_calls.c.withdrawn_at.is_(None),
+                    remote_calls.c.deliveries > 0,
+                    remote_calls.c.visible_at > now,
+                )
+                .values(visible_at=now)
             )
 
         await self.store._write("announce_module", work)
