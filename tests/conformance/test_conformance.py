@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from roadie import protocol
 from roadie.conformance import RULE_NAMES, ConformanceOptions, Outcome, Report, run_conformance
 from roadie.modules.sandbox import SandboxWorld
 from roadie.modules.sandbox import module as sandbox
@@ -145,3 +146,30 @@ def test_pull_mode_checks_a_polling_module(tmp_path: Path) -> None:
     assert report.ok, outcomes(report)
     assert report.result("signature").detail.startswith("pull:")
     assert after == before
+
+
+def test_pull_mode_fails_a_module_that_acts_on_a_forged_poll_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A polling module that does not check its poll answers' signature carries out work
+    anyone between it and the engine wrote: the signature rule says so."""
+    monkeypatch.setattr(protocol, "verify_answer", lambda *args, **kwargs: None)
+
+    async def go() -> Report:
+        url = f"http://127.0.0.1:{free_port()}"
+        client = PullClient(
+            sandbox, url, SECRET, str(tmp_path / "keys.db"), settings={"db": "world.db"},
+            base_dir=str(tmp_path), wait=1.0,
+        )  # fmt: skip
+        polling = asyncio.create_task(client.run())
+        options = ConformanceOptions(pull=True, targets=TARGETS, timeout=20, announce_timeout=20, rules=("signature",))
+        report = await run_conformance(url, SECRET, options=options)
+        client.stop()
+        await polling
+        return report
+
+    report = asyncio.run(go())
+    signature = report.result("signature")
+    assert signature.outcome is Outcome.FAIL, outcomes(report)
+    assert "carried out a call from a poll answer that was unsigned and wrongly signed" in signature.detail
+    assert report.result("cleanup").outcome is Outcome.PASS, outcomes(report)

@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
@@ -235,10 +235,10 @@ async def check_revert_missing(s: Session) -> str:
 
 async def check_signature(s: Session) -> str:
     raw = s.transport
+    if isinstance(raw, ForgingTransport):
+        return await _check_forged_polls(s, raw)
     if not isinstance(raw, RawTransport):
-        # Pulled calls come in the answer to the module's own signed poll; the gateway
-        # refused any of the module's requests that were not signed with its secret.
-        return "pull: the gateway accepted the module's announce, polls and answers, all signed with its secret"
+        return "not checked: this transport sends nothing unsigned"
     if s.action is not None:
         key = s.new_key("signature")
         s.made.setdefault(key, Made(s.action.name))
@@ -283,6 +283,54 @@ async def check_signature(s: Session) -> str:
     if wrong:
         raise Failed("not refused with 401: " + "; ".join(wrong))
     return f"{len(cases)} bad requests refused with 401"
+
+
+FORGED_CALL_IDS = 2_000_000_000  # ids no queued call has: the forged calls' own
+
+
+@runtime_checkable
+class ForgingTransport(Protocol):
+    """A transport that can answer the module's polls with forged work (pull mode)."""
+
+    async def forged_polls(self, calls: list[tuple[str, protocol.PulledCall]]) -> list[int]: ...
+
+
+async def _check_forged_polls(s: Session, queue: ForgingTransport) -> str:
+    """Pull: the gateway refused any of the module's requests not signed with its secret;
+    and the module must carry out nothing from a poll answer that is unsigned or signed
+    with another secret (anyone between it and the engine could have written it)."""
+    forged: list[tuple[str, protocol.PulledCall]] = []
+    for n, how in enumerate(("unsigned", "wrongly signed")):
+        key = s.new_key("forged")
+        if s.action is not None:
+            kind: protocol.CallKind = "dispatch"
+            body = protocol.DispatchRequest(
+                action=s.action.name, run_id=s.run_id, step_id=0, idempotency_key=key, attempt=1,
+                params=dict(s.params),
+            ).model_dump(mode="json")  # fmt: skip
+            s.made.setdefault(key, Made(s.action.name))  # reverted at the end, should it have acted
+        else:
+            kind = "inspect"
+            body = {"action": "none", "run_id": s.run_id, "idempotency_key": key, "resources": []}
+        call = protocol.PulledCall(
+            id=FORGED_CALL_IDS + n, kind=kind, path=protocol.CALL_PATHS[kind], idempotency_key=key, body=body,
+            delivery=1, token=f"forged-{s.tag}-{n}",
+        )  # fmt: skip
+        forged.append((how, call))
+    answered = set(await queue.forged_polls(forged))
+    acted = {how for how, call in forged if call.id in answered}
+    if s.action is not None and s.manifest is not None and s.manifest.tagged:
+        made = {o.key for o in await s.tagged("tagged, after the forged polls")}  # an answer may be lost
+        acted |= {how for how, call in forged if call.idempotency_key in made}
+    if acted:
+        raise Failed(
+            f"carried out a call from a poll answer that was {' and '.join(sorted(acted))}: "
+            "check the answer's signature (protocol.md §5) before acting on it"
+        )
+    return (
+        "pull: the module's requests were signed with its secret; it carried out nothing from an unsigned "
+        "or a wrongly signed poll answer"
+    )
 
 
 async def check_malformed(s: Session) -> str:

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fastapi import Request
+from fastapi.responses import Response
+
 from roadie import protocol
 from roadie.conformance.session import ConformanceOptions
 from roadie.conformance.transport import Kind, TransportFailed, key_of
@@ -45,6 +48,45 @@ class _EveryName(dict[str, str]):
         return self.secret
 
 
+class _ForgingGateway(Gateway):
+    """The engine's gateway, which can answer the module's next polls with forged work: a
+    call in an answer that is unsigned, or signed with another secret. A module must carry
+    out none of it (protocol.md §5): `answered` says whether it posted an answer for one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.forgeries: list[tuple[str, protocol.PulledCall]] = []
+        self.polls = 0
+        self.polled = asyncio.Event()
+        self.answered: set[int] = set()
+
+    async def pull(self, request: Request) -> Any:
+        self.polls += 1
+        self.polled.set()
+        if not self.forgeries:
+            return await super().pull(request)
+        module, _ = await self._verified(request)
+        how, call = self.forgeries.pop(0)
+        answer = protocol.PullAnswer(calls=[call])
+        signing = self.secrets[module] + "-not-the-secret"
+        if protocol.FEATURE_SIGNED_BODY in protocol.features(request.headers):
+            raw = protocol.signed_body(signing, protocol.PULL, answer.model_dump(mode="json"))
+            if how == "unsigned":
+                raw = answer.model_dump_json().encode()  # the calls, with no envelope at all
+            return Response(raw, media_type="application/json")
+        raw = answer.model_dump_json().encode()
+        headers = {} if how == "unsigned" else protocol.sign_answer(signing, protocol.PULL, raw)
+        return Response(raw, media_type="application/json", headers=headers)
+
+    async def answer(self, request: Request) -> Any:
+        try:
+            posted = protocol.AnswerPost.model_validate_json(await request.body())
+            self.answered.add(posted.id)
+        except ValueError:
+            pass  # the gateway says why
+        return await super().answer(request)
+
+
 class QueueTransport:
     """Calls put on the work queue for the announced module; answers as it posts them."""
 
@@ -54,6 +96,25 @@ class QueueTransport:
         self.queue = queue
         self.options = options
         self.manifest: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.gateway: _ForgingGateway | None = None
+
+    async def forged_polls(self, calls: list[tuple[str, protocol.PulledCall]]) -> list[int]:
+        """Answer the module's next polls with `calls` (how each is forged, and the call),
+        wait for the poll after the last (a module polls again, after a backoff, once it has
+        refused one, or carried it out), and give the ids of the forged calls it posted an
+        answer for."""
+        gateway = self.gateway
+        assert gateway is not None
+        gateway.forgeries.extend(calls)
+        deadline = asyncio.get_running_loop().time() + self.options.timeout + 60  # its backoff
+        while gateway.forgeries or not gateway.polled.is_set():
+            gateway.polled.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TransportFailed("the module did not poll again after a forged answer")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gateway.polled.wait(), remaining)
+        return sorted(gateway.answered & {call.id for _, call in calls})
 
     def announced(self, manifest: protocol.Manifest) -> None:
         if self.options.module is not None and manifest.module != self.options.module:
@@ -97,7 +158,8 @@ async def serve_queue(url: str, secret: str, options: ConformanceOptions) -> Asy
             queue = WorkQueue(store, visibility=max(5.0, options.timeout))
             transport = QueueTransport(queue, options)
             secrets = {options.module: secret} if options.module else _EveryName(secret)
-            gateway = Gateway(store, queue, secrets, Registry(), on_announce=transport.announced)
+            gateway = _ForgingGateway(store, queue, secrets, Registry(), on_announce=transport.announced)
+            transport.gateway = gateway
             config = uvicorn.Config(
                 gateway.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1
             )
