@@ -72,9 +72,9 @@ def world(tmp_path: Path) -> Iterator[tuple[Roadie, Luanti]]:
         print("--- luanti log ---\n" + luanti.log_tail(60))
         print("--- gateway log ---\n" + roadie.gateway_log.read_text(errors="replace")[-3000:])
         raise
-    finally:
-        luanti.stop()
+    finally:  # the gateway first: its worker may be waiting on the mod for a cleanup round
         roadie.stop_gateway()
+        luanti.stop()
 
 
 def _run_the_event(roadie: Roadie, luanti: Luanti) -> tuple[int, set[str]]:
@@ -102,6 +102,37 @@ def _ours(seen: dict[str, Any], keys: set[str]) -> tuple[list[Any], list[Any], l
         [n for n in seen["tagged"] if n["key"] in keys],
         [h for h in HOLES if h not in seen["solid"]],
     )
+
+
+def _restarted(luanti: Luanti, keys: set[str]) -> dict[str, Any]:
+    """Start the server again, and look once its creatures are back in the world: they come
+    back when their blocks become active, at the server's next active-block pass (about
+    2 s, or 4 s from disk) after the probe force-loads the arena."""
+    luanti.start()
+    luanti.ready()
+    return wait_for(
+        "the run's creatures to be active again",
+        lambda: (seen := luanti.look()) is not None and len(_ours(seen, keys)[0]) == CREATURES and seen,
+        60,
+        every=0.2,
+    )
+
+
+def _verify_until_clean(roadie: Roadie, run_id: int) -> list[dict[str, Any]]:
+    """`roadie cleanup RUN --verify` until a round finds the world clean: what each round
+    found. A round the gateway's worker is doing itself (the next round of a cleanup that
+    found the world rolled back) is waited out."""
+    rounds: list[dict[str, Any]] = []
+
+    def clean() -> bool:
+        report = json.loads(roadie.run("cleanup", str(run_id), "--verify", "--json").stdout)
+        if "verification" not in report:
+            return False  # another holds the run's cleanup now: after it
+        rounds.append(report["verification"])
+        return bool(report["verdict"] == "verified_clean")
+
+    wait_for("a verification that finds the world clean", clean, 180, every=0.5)
+    return rounds
 
 
 def _as_before(seen: dict[str, Any], before: dict[str, Any]) -> None:
@@ -151,16 +182,14 @@ def test_a_server_killed_right_after_cleanup_comes_back_and_verification_takes_i
     assert before is not None
     run_id, keys = _run_the_event(roadie, luanti)
     luanti.stop()  # a clean stop saves the event's world; the next save is 600 s away
-    luanti.start()
-    during = luanti.ready()
+    during = _restarted(luanti, keys)
     creatures, nodes, holes = _ours(during, keys)
     assert (len(creatures), len(nodes), holes, during["time_of_day"]) == (CREATURES, PLACED, HOLES, 0.0)
 
     report = roadie.json("cleanup", str(run_id))
     assert (report["status"], report["verdict"]) == ("complete", "verified_clean"), report
     luanti.kill()  # within a second of `complete`: nothing of the cleanup was saved
-    luanti.start()
-    back = luanti.ready()
+    back = _restarted(luanti, keys)
     creatures, nodes, holes = _ours(back, keys)
     assert (len(creatures), len(nodes), holes, back["time_of_day"]) == (CREATURES, PLACED, HOLES, 0.0)
 
@@ -169,9 +198,7 @@ def test_a_server_killed_right_after_cleanup_comes_back_and_verification_takes_i
     assert (verified["status"], verified["verdict"]) == ("rolled_back", "partially_rolled_back"), verified
     assert found["came_back"] == CREATURES + PLACED + len(HOLES) + 1, found  # the time of day too
     assert found["gone"] == 1, found  # the setting: Luanti keeps settings set at run time in memory only
-    again = roadie.json("cleanup", str(run_id), "--verify")
-    assert again["verdict"] == "verified_clean", again
-    assert again["verification"]["came_back"] == 0, again
+    assert _verify_until_clean(roadie, run_id)[-1]["came_back"] == 0
     _as_before(luanti.look() or {}, before)
     print(
         f"\nluanti kill after cleanup: {len(creatures)} creatures, {len(nodes)} placed nodes and {len(holes)} "
@@ -191,8 +218,7 @@ def test_a_server_killed_during_cleanup_comes_back_and_verification_takes_it_dow
     assert before is not None
     run_id, keys = _run_the_event(roadie, luanti)
     luanti.stop()  # saved with the event in it
-    luanti.start()
-    luanti.ready()
+    _restarted(luanti, keys)
     cleanup = subprocess.Popen(
         [*roadie.cli(), "cleanup", str(run_id), "--json"],
         cwd=roadie.home, env=roadie.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -204,23 +230,15 @@ def test_a_server_killed_during_cleanup_comes_back_and_verification_takes_it_dow
 
     wait_for("the cleanup to record a first revert", reverted, 120, every=0.05)
     luanti.kill()
-    luanti.start()
-    back = luanti.ready()
+    back = _restarted(luanti, keys)  # every removal made before the kill was lost with it
     came_back = len(_ours(back, keys)[0])
-    assert came_back == CREATURES  # every removal made before the kill was lost with it
     out, err = cleanup.communicate(timeout=300)
     first = json.loads(out)
-    assert first["status"] in ("complete", "rolled_back"), (first, err[-2000:])
+    assert first.get("status") in ("complete", "rolled_back"), (first, err[-2000:])
     # What its own verification found there again (reverted this round: "still there"), or
     # that came back (reverted by an earlier round), is reopened and reverted again.
     redone = first["verification"]["came_back"] + first["verification"]["still_there"]
-    for _ in range(3):  # each round reads the world back and does again what came back
-        verified = roadie.run("cleanup", str(run_id), "--verify", "--json")
-        report = json.loads(verified.stdout)
-        redone += report["verification"]["came_back"] + report["verification"]["still_there"]
-        if report["verdict"] == "verified_clean":
-            break
-    assert report["verdict"] == "verified_clean", report
+    redone += sum(r["came_back"] + r["still_there"] for r in _verify_until_clean(roadie, run_id))
     assert redone > 0
     _as_before(luanti.look() or {}, before)
     print(f"\nluanti kill during cleanup: all {came_back} creatures back after the kill; verification redid {redone}")
