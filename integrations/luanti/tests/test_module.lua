@@ -5,14 +5,8 @@ local dir = here .. "/../roadie/sdk"
 local sdk = dofile(dir .. "/init.lua")(dir)
 local json = sdk.json
 
-local checks, failures = 0, 0
-local function check(ok, what)
-  checks = checks + 1
-  if not ok then
-    failures = failures + 1
-    print("FAIL: " .. what)
-  end
-end
+local checks = dofile(here .. "/checks.lua")()
+local check = checks.check
 
 -- A journal in memory, which can be "restarted" from its text.
 local function memory(text)
@@ -156,5 +150,4 @@ do
   check(manifest:find('"leases":[{', 1, true) and manifest:find('"inspect":true', 1, true), "the manifest")
 end
 
-print(string.format("%s: %d checks, %d failed", failures == 0 and "ok" or "FAILED", checks, failures))
-os.exit(failures == 0 and 0 or 1)
+checks.finish()

@@ -8,14 +8,8 @@ local sdk_dir = here .. "/../roadie/sdk"
 local sha256 = dofile(sdk_dir .. "/sha256.lua")
 local json = dofile(sdk_dir .. "/json.lua")
 
-local checks, failures = 0, 0
-local function check(ok, what)
-  checks = checks + 1
-  if not ok then
-    failures = failures + 1
-    print("FAIL: " .. what)
-  end
-end
+local checks = dofile(here .. "/checks.lua")()
+local check = checks.check
 
 local function unhex(h)
   return (h:gsub("%x%x", function(b) return string.char(tonumber(b, 16)) end))
@@ -170,10 +164,4 @@ check(select(2, json.decode("[1,]")) == "unexpected ']' at byte 4", "the error n
 check(json.decode(string.rep("[", 200) .. string.rep("]", 200)) ~= nil, "200 levels of nesting decode")
 check(select(2, json.decode(nil)) ~= nil, "decode(nil) answers an error")
 
-local summary = string.format("%d checks (sha256 backend: %s; tested: %s)", checks, sha256.backend,
-  table.concat(tested, ", "))
-if failures > 0 then
-  print(string.format("FAILED: %d of %s", failures, summary))
-  os.exit(1)
-end
-print("ok: " .. summary)
+checks.finish(string.format("(sha256 backend: %s; tested: %s)", sha256.backend, table.concat(tested, ", ")))
