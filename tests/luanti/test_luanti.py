@@ -82,7 +82,7 @@ def _run_the_event(roadie: Roadie, luanti: Luanti) -> tuple[int, set[str]]:
     the run's id and its steps' keys."""
     (roadie.home / "raid.yaml").write_text(EVENT)
     started = roadie.json("run", "start", "raid.yaml", "--wait")
-    run_id = started["run"]["id"] if "run" in started else started["id"]
+    run_id = started["id"]
     assert roadie.json("run", "show", str(run_id))["run"]["status"] == "succeeded"
 
     def recorded() -> dict[str, Any] | None:
