@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -118,12 +119,14 @@ async def _latency(url: str, calls: int, home: Path) -> Latency:
                  "params": {"message": f"hello {i}"}}
             ).encode()  # fmt: skip
             timestamp = str(int(time.time()))
-            canonical = b"\n".join([b"POST", protocol.DISPATCH.encode(), timestamp.encode(), raw])
-            digest = hmac.new(SECRET.encode(), canonical, hashlib.sha256).hexdigest()
+            request_id = f"msg_{os.getpid()}_{i}"
+            content = f"{request_id}.{timestamp}.POST {protocol.DISPATCH}\n".encode() + raw
+            digest = hmac.new(SECRET.encode(), content, hashlib.sha256).digest()
             headers = {
                 protocol.H_KEY: bkey,
+                protocol.H_ID: request_id,
                 protocol.H_TIMESTAMP: timestamp,
-                protocol.H_SIGNATURE: f"v1={digest}",
+                protocol.H_SIGNATURE: "v1," + base64.b64encode(digest).decode(),
                 "Content-Type": "application/json",
             }
             response = await bare.post(protocol.DISPATCH, content=raw, headers=headers)

@@ -4,22 +4,31 @@ Both transports carry the same bodies. In *push* the engine POSTs a body to the 
 server's path; in *pull* the module fetches the same body from the engine's work queue,
 with the path it would have been sent to, and posts its answer back.
 
-Every request is signed: `X-Roadie-Signature: v1=<hex>` is HMAC-SHA256, with the
-module's shared secret, over `METHOD \\n PATH \\n TIMESTAMP \\n BODY`, where TIMESTAMP is
-`X-Roadie-Timestamp` (Unix seconds) and BODY the exact bytes sent. A request more than
-`MAX_SKEW` seconds away from the receiver's clock is refused, so a captured request
-cannot be replayed later.
+Every request is signed in Standard Webhooks' headers: `webhook-signature` holds one
+`v1,<base64>` HMAC-SHA256 per secret over `ID.TIMESTAMP.METHOD PATH\\nBODY`, where ID
+is `webhook-id` (fresh per request), TIMESTAMP `webhook-timestamp` (Unix seconds) and
+BODY the exact bytes sent. A request more than `MAX_SKEW` seconds away from the
+receiver's clock is refused, and one whose id the receiver saw within that window is a
+replay. Answers are signed under the id of the request they answer.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
-from collections.abc import Callable, Mapping
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from secrets import token_urlsafe
 from typing import Any, Literal, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from standardwebhooks import Webhook
 
 from roadie.clock import Clock, SystemClock
 from roadie.errors import RoadieError
@@ -27,6 +36,10 @@ from roadie.errors import RoadieError
 VERSION: Literal["roadie/v1"] = "roadie/v1"
 PREFIX = "/roadie/v1"
 MAX_SKEW = 300.0  # seconds
+# What a receiver takes, checked before it reads a body (docs/protocol.md §1, "Limits"):
+# room for an answer listing MAX_RESOURCES resources with payloads.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_RESOURCES = 10_000  # in one answer (a dispatch's, a report's)
 
 # Module server paths (push), and the kinds of call a pulled work item names.
 MANIFEST = f"{PREFIX}/manifest"
@@ -56,8 +69,10 @@ ANNOUNCE = f"{PREFIX}/announce"
 
 H_KEY = "X-Roadie-Key"
 H_MODULE = "X-Roadie-Module"
-H_TIMESTAMP = "X-Roadie-Timestamp"
-H_SIGNATURE = "X-Roadie-Signature"
+# Standard Webhooks 1.0's headers (docs/protocol.md §1 says where Roadie differs).
+H_ID = "webhook-id"
+H_TIMESTAMP = "webhook-timestamp"
+H_SIGNATURE = "webhook-signature"
 NO_KEY = "-"  # the key header of a request that is about no step (manifest, pull)
 # A poll that sends `X-Roadie-Features: delivery-token` gets each call's delivery token,
 # and names it when it answers. Opt-in, because modules written before tokens refuse a
@@ -80,20 +95,83 @@ def _seconds(now: float | None, clock: Clock | None) -> float:
 
 
 class SignatureRefused(RoadieError):
-    """The request's signature was missing, wrong or stale."""
+    """The request's (or answer's) signature was missing, wrong, stale or replayed."""
 
 
-def _canonical(method: str, path: str, timestamp: str, body: bytes) -> bytes:
-    return b"\n".join([method.upper().encode(), path.encode(), timestamp.encode(), body])
+# -- secrets -------------------------------------------------------------------------------
+
+Secrets = str | Sequence[str]
+"""One secret, or several during a rotation: every one of them signs, any one of them verifies."""
+
+_SECRET_PREFIX = "whsec_"
 
 
-def signature(secret: str, method: str, path: str, timestamp: str, body: bytes) -> str:
-    digest = hmac.new(secret.encode(), _canonical(method, path, timestamp, body), hashlib.sha256).hexdigest()
-    return f"v1={digest}"
+def secret_list(secrets: Secrets) -> list[str]:
+    """The secrets of `secrets`: a sequence as given; a string split on whitespace, so one
+    setting (an environment variable, a Luanti setting) can hold a new and an old one."""
+    found = secrets.split() if isinstance(secrets, str) else [s for s in secrets if s]
+    if not found:
+        raise ValueError("no secret given")
+    return found
+
+
+def secret_bytes(secret: str) -> bytes:
+    """The HMAC key of one secret: a Standard Webhooks secret (`whsec_` and base64) is its
+    decoded bytes; any other string its UTF-8 bytes."""
+    if secret.startswith(_SECRET_PREFIX):
+        try:
+            key = base64.b64decode(secret[len(_SECRET_PREFIX) :], validate=True)
+        except binascii.Error as exc:
+            raise ValueError("a whsec_ secret is base64 after its prefix") from exc
+        if not key:
+            raise ValueError("a whsec_ secret holds no key")
+        return key
+    return secret.encode()
+
+
+def new_secret() -> str:
+    """A fresh Standard Webhooks secret: `whsec_` and 32 random bytes in base64."""
+    return _SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+
+
+# -- requests ------------------------------------------------------------------------------
+
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def is_request_id(value: str) -> bool:
+    """Whether `value` may be a `webhook-id`: 1-64 letters, digits, `_` and `-`."""
+    return bool(_ID.match(value))
+
+
+def new_id() -> str:
+    """A request id nobody has used: `msg_` and 22 random URL-safe characters."""
+    return "msg_" + token_urlsafe(16)
+
+
+def _payload(request_line: str, body: bytes) -> bytes:
+    return request_line.encode() + b"\n" + body
+
+
+def signature(secret: str, request_id: str, timestamp: str, method: str, path: str, body: bytes) -> str:
+    """One `v1,<base64>` entry: HMAC-SHA256 keyed with `secret`, over
+    `ID.TIMESTAMP.METHOD PATH\\nBODY` (Standard Webhooks' content, its payload the request
+    line and the body)."""
+    # Standard Webhooks' own signer, given the payload with the method and path in front.
+    content = _payload(f"{method.upper()} {path}", body)
+    return Webhook(secret_bytes(secret)).sign(request_id, _utc(timestamp), content)
+
+
+def _utc(timestamp: str) -> datetime:
+    return datetime.fromtimestamp(int(timestamp), tz=UTC)
+
+
+def _signatures(secrets: Secrets, request_id: str, timestamp: str, method: str, path: str, body: bytes) -> str:
+    return " ".join(signature(s, request_id, timestamp, method, path, body) for s in secret_list(secrets))
 
 
 def sign(
-    secret: str,
+    secrets: Secrets,
     method: str,
     path: str,
     body: bytes,
@@ -102,13 +180,17 @@ def sign(
     module: str | None = None,
     now: float | None = None,
     clock: Clock | None = None,
+    request_id: str | None = None,
 ) -> dict[str, str]:
-    """The headers that sign one request, timestamped by `now` or `clock` (the system's)."""
+    """The headers that sign one request, under a fresh id (or `request_id`), timestamped
+    by `now` or `clock` (the system's), with one signature per secret."""
+    request_id = request_id or new_id()
     timestamp = str(int(_seconds(now, clock)))
     headers = {
-        H_KEY: key,
+        H_ID: request_id,
         H_TIMESTAMP: timestamp,
-        H_SIGNATURE: signature(secret, method, path, timestamp, body),
+        H_SIGNATURE: _signatures(secrets, request_id, timestamp, method, path, body),
+        H_KEY: key,
         "Content-Type": "application/json",
     }
     if module is not None:
@@ -116,8 +198,16 @@ def sign(
     return headers
 
 
+@dataclass(frozen=True)
+class Signed:
+    """What a verified request's headers said: its id, and when it was sent (Unix seconds)."""
+
+    id: str
+    sent: float
+
+
 def verify(
-    secret: str,
+    secrets: Secrets,
     method: str,
     path: str,
     headers: Mapping[str, str],
@@ -126,45 +216,79 @@ def verify(
     now: float | None = None,
     max_skew: float = MAX_SKEW,
     clock: Clock | None = None,
-) -> None:
+) -> Signed:
     """Refuse an unsigned, wrongly signed or stale request, saying which; staleness is
-    judged on `now` or `clock` (the system's)."""
+    judged on `now` or `clock` (the system's). Whether its id was seen before is the
+    caller's to ask (`ReplayGuard`, or the gateway's table)."""
     given = _header(headers, H_SIGNATURE)
+    request_id = _header(headers, H_ID)
     timestamp = _header(headers, H_TIMESTAMP)
     if not given:
         raise SignatureRefused(f"unsigned request: no {H_SIGNATURE} header")
+    if not request_id:
+        raise SignatureRefused(f"no {H_ID} header")
+    if not _ID.match(request_id):
+        raise SignatureRefused(f"{H_ID} is not 1-64 letters, digits, '_' or '-': {request_id[:70]!r}")
     if not timestamp:
         raise SignatureRefused(f"no {H_TIMESTAMP} header")
-    try:
-        sent = float(timestamp)
-    except ValueError:
-        raise SignatureRefused(f"{H_TIMESTAMP} is not Unix seconds: {timestamp[:40]!r}") from None
-    skew = abs(_seconds(now, clock) - sent)
+    if not timestamp.isdigit() or len(timestamp) > 12:
+        raise SignatureRefused(f"{H_TIMESTAMP} is not whole Unix seconds: {timestamp[:40]!r}")
+    skew = abs(_seconds(now, clock) - int(timestamp))
     if skew > max_skew:
         raise SignatureRefused(
             f"stale request: its timestamp is {skew:.0f}s away from this clock (limit {max_skew:.0f}s)"
         )
-    if not hmac.compare_digest(given.encode(), signature(secret, method, path, timestamp, body).encode()):
-        raise SignatureRefused("wrong signature: not made with this module's secret over this method, path and body")
+    offered = [entry.encode() for entry in given.split()]
+    for secret in secret_list(secrets):
+        expected = signature(secret, request_id, timestamp, method, path, body).encode()
+        # Every offered entry is compared, whatever matched before it: constant time.
+        if any([hmac.compare_digest(expected, entry) for entry in offered]):
+            return Signed(request_id, float(timestamp))
+    raise SignatureRefused("wrong signature: not made with this module's secret over this method, path and body")
 
 
-# The gateway's answer to a poll carries work the module will carry out, so it is signed
-# too: with the same secret and headers, over `ANSWER \n PATH \n TIMESTAMP \n BODY`. The
-# word ANSWER in the method's place means no request's signature can pass for an answer's.
+class ReplayGuard:
+    """The ids of the requests verified in the last window, in memory: a request whose id
+    was seen is refused as a replay. An id is kept until its timestamp is stale, after
+    which `verify` refuses it anyway. (A module server with a key ledger keeps them there
+    instead, so that a restart forgets none: `KeyLedger.first_sight`.)"""
+
+    def __init__(self, max_skew: float = MAX_SKEW) -> None:
+        self.max_skew = max_skew
+        self._until: dict[str, float] = {}
+
+    def first_sight(self, request_id: str, sent: float, now: float) -> bool:
+        if len(self._until) > 1024:
+            self._until = {k: t for k, t in self._until.items() if t >= now}
+        if request_id in self._until:
+            return False
+        self._until[request_id] = sent + self.max_skew
+        return True
+
+
+REPLAYED = "replayed request: its {header} was seen before"
+
+
+# -- answers -------------------------------------------------------------------------------
+
+# An answer that carries work or a result is signed too, with the same secrets, under the
+# id of the request it answers and with ANSWER in the method's place: no request's
+# signature passes for an answer's, and no answer passes for another request's.
 ANSWER_METHOD = "ANSWER"
 
 
 def sign_answer(
-    secret: str, path: str, body: bytes, *, now: float | None = None, clock: Clock | None = None
+    secrets: Secrets, request_id: str, path: str, body: bytes, *, now: float | None = None, clock: Clock | None = None
 ) -> dict[str, str]:
-    """The headers that sign the answer to a request for `path`."""
-    headers = sign(secret, ANSWER_METHOD, path, body, now=now, clock=clock)
+    """The headers that sign the answer to request `request_id`, made for `path`."""
+    headers = sign(secrets, ANSWER_METHOD, path, body, now=now, clock=clock, request_id=request_id)
     del headers[H_KEY]
     return headers
 
 
 def verify_answer(
-    secret: str,
+    secrets: Secrets,
+    request_id: str,
     path: str,
     headers: Mapping[str, str],
     body: bytes,
@@ -173,8 +297,15 @@ def verify_answer(
     max_skew: float = MAX_SKEW,
     clock: Clock | None = None,
 ) -> None:
-    """Refuse an answer to a request for `path` that the other side did not sign."""
-    verify(secret, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew, clock=clock)
+    """Refuse an answer to request `request_id` (for `path`) that the other side did not
+    sign, or signed for another request."""
+    answered = _header(headers, H_ID)
+    if _header(headers, H_SIGNATURE) and answered != request_id:
+        raise SignatureRefused(f"answer to another request: its {H_ID} is {answered[:70]!r}, not {request_id!r}")
+    try:
+        verify(secrets, ANSWER_METHOD, path, headers, body, now=now, max_skew=max_skew, clock=clock)
+    except SignatureRefused as exc:
+        raise SignatureRefused(exc.message.replace("request", "answer", 1)) from None
 
 
 def features(headers: Mapping[str, str]) -> frozenset[str]:
@@ -187,18 +318,27 @@ def wants_tokens(headers: Mapping[str, str]) -> bool:
     return FEATURE_TOKENS in features(headers)
 
 
-def signed_body(secret: str, path: str, answer: Any, *, now: float | None = None, clock: Clock | None = None) -> bytes:
+def signed_body(
+    secrets: Secrets,
+    request_id: str,
+    path: str,
+    answer: Any,
+    *,
+    now: float | None = None,
+    clock: Clock | None = None,
+) -> bytes:
     """`answer` (JSON-able) with its signature inside: a `SignedAnswer` whose `answer` is
     its JSON text. What is signed is the text the module reads back out of it, so that
     text is ASCII (JSON escapes the rest) and no decoder can change a byte of it."""
     text = json.dumps(answer, ensure_ascii=True, separators=(",", ":"))
-    headers = sign_answer(secret, path, text.encode(), now=now, clock=clock)
-    signed = SignedAnswer(timestamp=headers[H_TIMESTAMP], signature=headers[H_SIGNATURE], answer=text)
+    headers = sign_answer(secrets, request_id, path, text.encode(), now=now, clock=clock)
+    signed = SignedAnswer(id=headers[H_ID], timestamp=headers[H_TIMESTAMP], signature=headers[H_SIGNATURE], answer=text)
     return signed.model_dump_json().encode()
 
 
 def open_signed_body(
-    secret: str,
+    secrets: Secrets,
+    request_id: str,
     path: str,
     raw: bytes,
     *,
@@ -207,14 +347,14 @@ def open_signed_body(
     clock: Clock | None = None,
 ) -> bytes:
     """The answer inside a `SignedAnswer`, refused as `verify_answer` refuses one whose
-    signature is missing, wrong or stale."""
+    signature is missing, wrong, stale or made for another request."""
     try:
         signed = SignedAnswer.model_validate_json(raw)
     except ValueError as exc:
         raise SignatureRefused("unsigned answer: the body is no signed answer") from exc
-    headers = {H_TIMESTAMP: signed.timestamp, H_SIGNATURE: signed.signature}
+    headers = {H_ID: signed.id, H_TIMESTAMP: signed.timestamp, H_SIGNATURE: signed.signature}
     body = signed.answer.encode()
-    verify_answer(secret, path, headers, body, now=now, max_skew=max_skew, clock=clock)
+    verify_answer(secrets, request_id, path, headers, body, now=now, max_skew=max_skew, clock=clock)
     return body
 
 
@@ -372,7 +512,7 @@ class ReportRequest(_Body):
     """Resources a step's effect made by itself afterwards, against the step's key."""
 
     idempotency_key: str = Field(min_length=1, max_length=190)
-    resources: list[dict[str, Any]] = Field(min_length=1)
+    resources: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_RESOURCES)
 
 
 class ReportAnswer(_Body):
@@ -402,9 +542,10 @@ class PullAnswer(_Body):
 
 
 class SignedAnswer(_Body):
-    """An answer carrying its own signature (`signed-body`): `signature` is made as the
-    headers' would be, over `ANSWER \\n PATH \\n timestamp \\n answer`."""
+    """An answer carrying its own signature (`signed-body`): `id`, `timestamp` and
+    `signature` are what its headers would be, signed over `answer`."""
 
+    id: str = Field(description="the id of the request this answers")
     timestamp: str
     signature: str
     answer: str = Field(description="the answer itself, as JSON text")

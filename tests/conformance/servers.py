@@ -40,6 +40,11 @@ BREAKS = {
     "accept_unsigned": "signature",
     "accept_stale": "signature",
     "accept_any_signature": "signature",
+    "accept_replays": "signature",
+    "accept_retargeted": "signature",
+    "unsigned_answers": "signature",
+    "answers_signed_for_another_request": "signature",
+    "no_size_limit": "signature",
     "crash_on_bad_json": "malformed",
     "unknown_action_500": "malformed",
     "restore_noop": "lease_restore",
@@ -70,9 +75,18 @@ class Broken:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         request = Request(scope, receive)
-        body = await request.body()
-        reply = await self.handle(request.method, request.url.path, dict(request.headers), body)
+        declared = int(request.headers.get("content-length", "0"))
+        if declared > protocol.MAX_BODY_BYTES and "no_size_limit" not in self.flags:
+            reply = Reply(413, protocol.error_body("over the limit"))
+        else:
+            body = await request.body()
+            reply = await self.handle(request.method, request.url.path, dict(request.headers), body)
         response: Response = JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+        request_id = request.headers.get(protocol.H_ID, "")
+        if protocol.is_request_id(request_id) and "unsigned_answers" not in self.flags:
+            if "answers_signed_for_another_request" in self.flags:
+                request_id = protocol.new_id()
+            response.headers.update(protocol.sign_answer(SECRET, request_id, request.url.path, bytes(response.body)))
         await response(scope, receive, send)
 
     def verify(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply | None:
@@ -88,16 +102,30 @@ class Broken:
                     return Reply(401, protocol.error_body(exc.message))
             return None
         try:
-            protocol.verify(SECRET, method, path, headers, body, max_skew=skew)
+            signed = protocol.verify(SECRET, method, path, headers, body, max_skew=skew)
         except protocol.SignatureRefused as exc:
-            return Reply(401, protocol.error_body(exc.message))
+            if "accept_retargeted" not in self.flags or "wrong signature" not in exc.message:
+                return Reply(401, protocol.error_body(exc.message))
+            # Checks the signature over the body alone, whatever the path it came to.
+            for other in KINDS:
+                try:
+                    signed = protocol.verify(SECRET, method, other, headers, body, max_skew=skew)
+                    break
+                except protocol.SignatureRefused:
+                    continue
+            else:
+                return Reply(401, protocol.error_body(exc.message))
+        if "accept_replays" in self.flags:
+            return None
+        if not self.server.ledger.first_sight(signed.id, signed.sent + protocol.MAX_SKEW):
+            return Reply(401, protocol.error_body("replayed"))
         return None
 
     async def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply:
+        await self.server.open()
         refused = self.verify(method, path, headers, body)
         if refused is not None:
             return refused
-        await self.server.open()
         if method == "GET" and path == protocol.MANIFEST:
             manifest = self.server.manifest().model_dump(mode="json")
             if "bad_schema" in self.flags:

@@ -14,6 +14,7 @@ from typing import Any
 import uvicorn
 from typer.testing import CliRunner
 
+from roadie import protocol
 from roadie.cli.main import app
 from roadie.conformance import RULE_NAMES
 from tests.conformance.servers import SECRET, Broken, sandbox_server
@@ -84,3 +85,12 @@ def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
     result = runner.invoke(app, ["conformance", "http://127.0.0.1:9", "--secret", "s", "--rule", "no_such_rule"])
     assert result.exit_code == 2
     assert "no such rule" in result.output
+
+
+def test_roadie_secret_prints_a_new_standard_webhooks_secret() -> None:
+    printed = [CliRunner().invoke(app, ["secret"]) for _ in range(2)]
+    assert [p.exit_code for p in printed] == [0, 0]
+    first, second = (p.output.strip() for p in printed)
+    assert first.startswith("whsec_")
+    assert first != second
+    assert len(protocol.secret_bytes(first)) == 32

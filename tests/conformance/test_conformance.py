@@ -148,12 +148,29 @@ def test_pull_mode_checks_a_polling_module(tmp_path: Path) -> None:
     assert after == before
 
 
+_VERIFY_ANSWER = protocol.verify_answer
+
+
+def _not_bound(secrets: Any, request_id: str, path: str, headers: Any, body: bytes, **kwargs: Any) -> None:
+    """Checks the signature, but not that it was made for this request."""
+    _VERIFY_ANSWER(secrets, headers.get(protocol.H_ID) or request_id, path, headers, body, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("verify_answer", "forged"),
+    [
+        (lambda *args, **kwargs: None, "replayed and unsigned and wrongly signed"),
+        (_not_bound, "replayed:"),
+    ],
+    ids=["no check", "not bound to the poll"],
+)
 def test_pull_mode_fails_a_module_that_acts_on_a_forged_poll_answer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify_answer: Any, forged: str
 ) -> None:
-    """A polling module that does not check its poll answers' signature carries out work
-    anyone between it and the engine wrote: the signature rule says so."""
-    monkeypatch.setattr(protocol, "verify_answer", lambda *args, **kwargs: None)
+    """A polling module that does not check its poll answers' signature, or not that it
+    was made for the poll it sent, carries out work anyone between it and the engine wrote
+    or recorded: the signature rule says so."""
+    monkeypatch.setattr(protocol, "verify_answer", verify_answer)
 
     async def go() -> Report:
         url = f"http://127.0.0.1:{free_port()}"
@@ -171,5 +188,5 @@ def test_pull_mode_fails_a_module_that_acts_on_a_forged_poll_answer(
     report = asyncio.run(go())
     signature = report.result("signature")
     assert signature.outcome is Outcome.FAIL, outcomes(report)
-    assert "carried out a call from a poll answer that was unsigned and wrongly signed" in signature.detail
+    assert f"carried out a call from a poll answer that was {forged}" in signature.detail
     assert report.result("cleanup").outcome is Outcome.PASS, outcomes(report)

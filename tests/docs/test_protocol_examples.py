@@ -163,20 +163,35 @@ def test_each_example_body_is_what_the_protocol_accepts(example: Example) -> Non
             assert [resource_problem(r) for r in body["resources"]] == [None] * len(body["resources"])
 
 
-def test_the_worked_signature_is_what_protocol_signature_computes() -> None:
-    [signing] = [e for e in EXAMPLES if e.role == "signing"]
-    fields = dict(line.split(": ", 1) for line in signing.text.splitlines())
-    body = fields["body"].encode()
-    expected = protocol.signature(fields["secret"], fields["method"], fields["path"], fields["timestamp"], body)
-    assert fields["signature"] == expected
-    # It signs one of the page's dispatch examples, as sent (compact JSON), and the
-    # request shown after it carries that signature.
+def test_the_worked_signatures_are_what_protocol_signature_computes() -> None:
+    request, answer = [e for e in EXAMPLES if e.role == "signing"]
+    computed = []
+    for signing in (request, answer):
+        fields = dict(line.split(": ", 1) for line in signing.text.splitlines())
+        body = fields["body"].encode()
+        expected = protocol.signature(
+            fields["secret"], fields["id"], fields["timestamp"], fields["method"], fields["path"], body
+        )
+        assert fields["signature"] == expected
+        computed.append((fields, expected))
+    (fields, expected), (answered, _) = computed
+    # The request signs one of the page's dispatch examples, as sent (compact JSON), and
+    # the request shown after it carries that signature; its answer is signed under its id.
     dispatches = [e.body for e in EXAMPLES if e.role == "request" and e.name == "dispatch"]
-    assert json.loads(body) in dispatches
+    assert json.loads(fields["body"]) in dispatches
     shown = DOC.read_text().split("```http")[1].split("```")[0]
     assert f"{protocol.H_SIGNATURE}: {expected}" in shown
     assert f"{protocol.H_TIMESTAMP}: {fields['timestamp']}" in shown
+    assert f"{protocol.H_ID}: {fields['id']}" in shown
     assert shown.strip().endswith(fields["body"])
+    assert answered["id"] == fields["id"]
+    assert answered["method"] == protocol.ANSWER_METHOD
+    headers = {protocol.H_ID: answered["id"], protocol.H_TIMESTAMP: answered["timestamp"]}
+    headers[protocol.H_SIGNATURE] = answered["signature"]
+    protocol.verify_answer(
+        answered["secret"], fields["id"], answered["path"], headers, answered["body"].encode(),
+        now=float(answered["timestamp"]),
+    )  # fmt: skip
 
 
 def check_answer(request: Example, status: int, got: Any) -> None:

@@ -1,7 +1,9 @@
 """The Lua SDK's own tests (integrations/luanti/tests/*.lua) under plain Lua 5.1 and LuaJIT:
-SHA-256 and HMAC against FIPS 180-4, RFC 4231 and the worked example of docs/protocol.md;
-JSON that keeps [] from {}, null from absent, and large integers; the key ledger; and a
-module answering the protocol's calls."""
+SHA-256 and HMAC against FIPS 180-4 and RFC 4231; base64 against RFC 4648; Standard Webhooks
+signing against both worked examples of docs/protocol.md, with one secret or several, and
+poll answers refused when unsigned, wrongly signed, stale or signed for another request;
+JSON that keeps [] from {}, null from absent, and large integers; the key ledger; a module
+answering the protocol's calls; and the poll loop against a gateway made of functions."""
 
 from __future__ import annotations
 

@@ -85,7 +85,10 @@ class FakeGateway:
         while taken and len(taken) < wanted.max and not self.calls.empty():
             taken.append(self.calls.get_nowait())
         raw = protocol.PullAnswer(calls=taken).model_dump_json().encode()
-        headers = protocol.sign_answer(self.signing_secret, protocol.PULL, raw) if self.signing_secret else {}
+        request_id = request.headers[protocol.H_ID]
+        headers = (
+            protocol.sign_answer(self.signing_secret, request_id, protocol.PULL, raw) if self.signing_secret else {}
+        )
         return Response(raw, media_type="application/json", headers=headers)
 
     async def answer(self, request: Request) -> JSONResponse:

@@ -116,7 +116,8 @@ def test_a_poll_that_asks_gets_its_answer_signed_inside_the_body(harness: Harnes
             assert protocol.H_SIGNATURE not in pulled.headers
             envelope = pulled.json()
             assert envelope["answer"].isascii()
-            opened = protocol.open_signed_body(SECRET, protocol.PULL, pulled.content)
+            poll_id = poll["headers"][protocol.H_ID]
+            opened = protocol.open_signed_body(SECRET, poll_id, protocol.PULL, pulled.content)
             [call] = protocol.PullAnswer.model_validate_json(opened).calls
             assert call.body == unicode_body
             assert call.token
@@ -127,11 +128,14 @@ def test_a_poll_that_asks_gets_its_answer_signed_inside_the_body(harness: Harnes
                 {"calls": []},
             ):
                 with pytest.raises(protocol.SignatureRefused):
-                    protocol.open_signed_body(SECRET, protocol.PULL, json.dumps(refused).encode())
+                    protocol.open_signed_body(SECRET, poll_id, protocol.PULL, json.dumps(refused).encode())
             with pytest.raises(protocol.SignatureRefused, match="wrong signature"):
-                protocol.open_signed_body("another secret", protocol.PULL, pulled.content)
+                protocol.open_signed_body("another secret", poll_id, protocol.PULL, pulled.content)
             with pytest.raises(protocol.SignatureRefused, match="stale"):
-                protocol.open_signed_body(SECRET, protocol.PULL, pulled.content, now=0)
+                protocol.open_signed_body(SECRET, poll_id, protocol.PULL, pulled.content, now=0)
+            # Recorded and replayed to another poll of the module's: refused.
+            with pytest.raises(protocol.SignatureRefused, match="another request"):
+                protocol.open_signed_body(SECRET, protocol.new_id(), protocol.PULL, pulled.content)
             answer = {"id": call.id, "status": 200, "body": {"resources": []}, "token": call.token}
             assert (await client.post(protocol.ANSWER, **_signed(protocol.ANSWER, answer))).json()["accepted"]
             assert await asyncio.wait_for(caller, 5) == (200, {"resources": []})
@@ -209,6 +213,43 @@ def test_the_gateway_refuses_what_is_not_signed_by_the_module(
             response = await client.post(protocol.PULL, content=content, headers=headers)
         assert response.status_code == 401
         assert expected in response.json()["error"]["message"]
+
+    harness.run(body)
+
+
+def test_the_gateway_refuses_replayed_re_targeted_and_oversized_requests(harness: Harness) -> None:
+    """A request captured on the wire and sent again, at once or to another path, is
+    refused; so is one over the size limit, by its Content-Length, unread."""
+
+    async def body() -> None:
+        queue = WorkQueue(harness.store)
+        app = Gateway(harness.store, queue, {"lua": SECRET}, harness.registry).app()
+        report = {"idempotency_key": "k-nobody", "resources": [{"kind": "thing", "ref": "x"}]}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            captured = _signed(protocol.REPORT, report)
+            first = await client.post(protocol.REPORT, **captured)
+            assert first.status_code == 404, first.text  # signed and read: no such step
+            again = await client.post(protocol.REPORT, **captured)
+            assert again.status_code == 401
+            assert "replayed" in again.json()["error"]["message"]
+            elsewhere = _signed(protocol.REPORT, report)
+            moved = await client.post(protocol.ANSWER, **elsewhere)
+            assert moved.status_code == 401
+            assert "wrong signature" in moved.json()["error"]["message"]
+            # The id of the refused request was not kept: sent where it was signed for, it passes.
+            assert (await client.post(protocol.REPORT, **elsewhere)).status_code == 404
+            huge = b'{"idempotency_key": "' + b"k" * protocol.MAX_BODY_BYTES + b'"}'
+            headers = protocol.sign(SECRET, "POST", protocol.REPORT, huge, module="lua")
+            over = await client.post(protocol.REPORT, content=huge, headers=headers)
+            assert over.status_code == 413
+            assert "limit" in over.json()["error"]["message"]
+            # Rotation: a module signing with a new and an old secret is let in by either.
+            rotating = Gateway(harness.store, queue, {"lua": f"whsec_{'A' * 43}= {SECRET}"}, harness.registry)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rotating.app()), base_url="http://gw") as client:
+            for secret in (SECRET, ["whsec_" + "A" * 43 + "=", "an unknown one"]):
+                raw = json.dumps(report).encode()
+                signed = protocol.sign(secret, "POST", protocol.REPORT, raw, module="lua")
+                assert (await client.post(protocol.REPORT, content=raw, headers=signed)).status_code == 404
 
     harness.run(body)
 

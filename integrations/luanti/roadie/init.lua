@@ -17,7 +17,8 @@ end
 local settings = minetest.settings
 local worldpath = minetest.get_worldpath()
 
-local function read_secret()
+-- One secret, or several separated by spaces (or lines, in the file) while one is rotated.
+local function read_secrets()
   local file = settings:get("roadie.secret_file")
   if file and file ~= "" then
     local path = file:sub(1, 1) == "/" and file or (worldpath .. "/" .. file)
@@ -25,16 +26,40 @@ local function read_secret()
     if f == nil then
       error("roadie: cannot read roadie.secret_file " .. path)
     end
-    local secret = (f:read("*l") or ""):gsub("%s+$", "")
+    local text = f:read("*a") or ""
     f:close()
-    return secret
+    return text
   end
   return settings:get("roadie.secret") or ""
 end
 
-local secret = read_secret()
-if secret == "" then
+local text = read_secrets()
+if not text:find("%S") then
   error("roadie: no secret: set roadie.secret_file (a file in the world folder) or roadie.secret")
+end
+local secrets, why = sdk.protocol.secret_list(text)
+if secrets == nil then
+  error("roadie: " .. why .. " (roadie.secret or roadie.secret_file)")
+end
+
+-- Random bytes for request ids: the system's when Luanti can reach them, else PCG seeded from
+-- the microsecond clock (math.random alone is seeded with whole seconds at start, which two
+-- servers started together, or a restart within the second, would share).
+local random
+local secure = rawget(_G, "SecureRandom") and SecureRandom()
+if secure then
+  random = function(n)
+    return secure:next_bytes(n)
+  end
+else
+  local pcg = PcgRandom(minetest.get_us_time() + math.random(0, 2 ^ 30))
+  random = function(n)
+    local out = {}
+    for i = 1, n do
+      out[i] = string.char(pcg:next(0, 255))
+    end
+    return table.concat(out)
+  end
 end
 
 -- The key ledger lives in the world folder, appended to and flushed before each answer
@@ -93,7 +118,7 @@ local module = sdk.module.new({
 poller = sdk.poll.new({
   url = settings:get("roadie.gateway_url") or "http://127.0.0.1:7300",
   module = module.def.name,
-  secret = secret,
+  secrets = secrets,
   manifest = module:manifest(),
   wait = tonumber(settings:get("roadie.wait")) or 15,
   handle = function(path, body)
@@ -111,6 +136,7 @@ poller = sdk.poll.new({
     end)
   end,
   now = os.time,
+  random = random,
   after = minetest.after,
   log = log,
 })

@@ -1,4 +1,5 @@
--- The SDK's key ledger and module against a world kept in a table: run with
+-- The SDK's key ledger and module against a world kept in a table, and its poll loop against
+-- a gateway made of functions: run with
 -- `lua5.1 integrations/luanti/tests/test_module.lua` or `luajit ...` from anywhere.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local dir = here .. "/../roadie/sdk"
@@ -148,6 +149,122 @@ do
   check(status == 422, "a targeted lease without a target: 422")
   local manifest = json.encode(module:manifest())
   check(manifest:find('"leases":[{', 1, true) and manifest:find('"inspect":true', 1, true), "the manifest")
+end
+
+-- The poll loop: every request signed under an id of its own, with every secret; a poll's
+-- answer carried out only when it is signed for that poll, fresh, with one of the secrets.
+do
+  local protocol, paths = sdk.protocol, sdk.protocol.paths
+  local old, new = "example-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+  local now = 1767225600
+  local pending, handled, logged, later = {}, {}, {}, nil
+  local poller = sdk.poll.new({
+    url = "http://gateway:7300/",
+    module = "toy",
+    secrets = new .. " " .. old,
+    manifest = json.object({protocol = "roadie/v1", module = "toy", actions = json.array({})}),
+    handle = function(path, body)
+      handled[#handled + 1] = path .. " " .. json.encode(body)
+      return 200, json.object({resources = json.array({})})
+    end,
+    http = function(request, done)
+      pending[#pending + 1] = {request = request, done = done}
+    end,
+    now = function() return now end,
+    random = function(n) return string.rep("\0", n) end, -- a poor source: ids must differ still
+    after = function(_, fn) later = fn end,
+    log = function(_, message) logged[#logged + 1] = message end,
+    wait = 1,
+  })
+
+  local function header(request, name)
+    for _, line in ipairs(request.headers) do
+      local n, v = line:match("^([^:]+): (.*)$")
+      if n and n:lower() == name:lower() then
+        return v
+      end
+    end
+  end
+  local seen, requests, well_signed = {}, 0, true
+  -- The oldest request sent to `path`, checked as the gateway checks it, and taken.
+  local function take(path)
+    for i, p in ipairs(pending) do
+      if p.request.url == "http://gateway:7300" .. path then
+        table.remove(pending, i)
+        local r, id = p.request, header(p.request, "webhook-id")
+        local given = header(r, "webhook-signature") or ""
+        requests = requests + 1
+        well_signed = well_signed and id ~= nil and not seen[id] and header(r, "X-Roadie-Module") == "toy"
+          and header(r, "webhook-timestamp") == tostring(now) and select(2, given:gsub("v1,", "")) == 2
+          and protocol.signed_by(old, given, id, tostring(now), "POST", path, r.data)
+          and protocol.signed_by(new, given, id, tostring(now), "POST", path, r.data)
+          and header(r, "X-Roadie-Signature") == nil
+        seen[id or ""] = true
+        return p, id
+      end
+    end
+  end
+  local function answer(p, secrets, id, text, timestamp)
+    local t = tostring(timestamp or now)
+    p.done({ok = true, code = 200, data = json.encode(json.object({id = id, timestamp = t, answer = text,
+      signature = protocol.signatures(secrets, id, t, "ANSWER", paths.pull, text)}))})
+  end
+  local call = '{"calls":[{"id":%d,"kind":"dispatch","path":"/roadie/v1/dispatch","idempotency_key":"k%d",'
+    .. '"body":{"action":"spawn","idempotency_key":"k%d"},"delivery":1,"token":"t%d"}]}'
+
+  poller:start()
+  take(paths.announce).done({ok = true, code = 200, data = '{"announced":"toy"}'})
+  local poll, id = take(paths.pull)
+  check(poll and header(poll.request, "X-Roadie-Features") == "delivery-token, signed-body",
+    "announced, then polled for signed answers")
+  answer(poll, old, id, call:format(1, 1, 1, 1))
+  check(#handled == 1 and handled[1]:find("k1", 1, true), "a poll answer signed for that poll is carried out")
+  local posted = take(paths.answer)
+  check(posted and posted.request.data:find('"token":"t1"', 1, true), "and its answer posted, with its token")
+  local first, first_id = poll, id
+  poll, id = take(paths.pull)
+  answer(poll, new, id, call:format(2, 2, 2, 2))
+  check(#handled == 2, "a poll answer signed with the other secret is carried out too")
+  take(paths.answer)
+  poll, id = take(paths.pull)
+
+  -- What an answer refused does: nothing carried out, a warning, and a new announce later.
+  local function refused(what, why, respond)
+    local before = #handled
+    later, logged = nil, {}
+    respond()
+    check(#handled == before and #pending == 0 and later ~= nil and (logged[1] or ""):find(why, 1, true),
+      what .. " is refused (" .. tostring(logged[1]) .. ")")
+    if later == nil then
+      checks.finish() -- the loop went on as if nothing were wrong: nothing more to learn from it
+    end
+    later()
+    take(paths.announce).done({ok = true, code = 200, data = "{}"})
+    poll, id = take(paths.pull)
+  end
+  refused("an answer recorded earlier, played back to a later poll", "answer to another request", function()
+    answer(poll, old, first_id, call:format(3, 3, 3, 3))
+  end)
+  refused("an answer signed with a secret the module does not have", "wrongly signed answer", function()
+    answer(poll, "whsec_c2VjcmV0IG9mIHNvbWVib2R5IGVsc2U=", id, call:format(4, 4, 4, 4))
+  end)
+  refused("a stale answer", "stale answer", function()
+    answer(poll, old, id, call:format(5, 5, 5, 5), now - 301)
+  end)
+  refused("an unsigned answer", "unsigned answer", function()
+    poll.done({ok = true, code = 200, data = call:format(6, 6, 6, 6)})
+  end)
+  check(first ~= poll, "each poll is a request of its own")
+  answer(poll, old .. " " .. new, id, call:format(7, 7, 7, 7))
+  check(#handled == 3 and handled[3]:find("k7", 1, true), "after a refusal, the next signed answer is carried out")
+  take(paths.answer)
+  local done_with
+  poller:report("k7", {{kind = "toy", ref = "t9"}}, function(recorded) done_with = recorded end)
+  take(paths.report).done({ok = true, code = 200, data = '{"recorded":1,"rejected":[]}'})
+  check(done_with == 1, "a report goes through")
+  check(well_signed and requests == 16, "all " .. requests .. " requests signed with both secrets, each under "
+    .. "an id of its own, timestamped, naming the module")
+  poller:stop()
 end
 
 checks.finish()

@@ -1,12 +1,16 @@
--- The SDK's hashing, signing and JSON. Run from anywhere with
+-- The SDK's hashing, base64, signing and JSON. Run from anywhere with
 --   lua5.1 integrations/luanti/tests/test_sdk.lua   or   luajit integrations/luanti/tests/test_sdk.lua
 -- SHA-256 and HMAC are checked on every bit library this interpreter has and on the portable
--- fallback, against FIPS 180-4 and RFC 4231 vectors and the worked example of docs/protocol.md
--- (read from the doc itself). Prints a line per failed check, then a summary; exits 1 on failure.
+-- fallback, against FIPS 180-4 and RFC 4231 vectors and the worked examples of docs/protocol.md
+-- (read from the doc itself); base64 against RFC 4648; signing and opening a signed answer
+-- against those examples and vectors made with Python's hmac. Prints a line per failed check,
+-- then a summary; exits 1 on failure.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local sdk_dir = here .. "/../roadie/sdk"
 local sha256 = dofile(sdk_dir .. "/sha256.lua")
 local json = dofile(sdk_dir .. "/json.lua")
+local base64 = dofile(sdk_dir .. "/base64.lua")
+local protocol = dofile(sdk_dir .. "/init.lua")(sdk_dir).protocol
 
 local checks = dofile(here .. "/checks.lua")()
 local check = checks.check
@@ -49,22 +53,36 @@ local rfc4231 = {
     "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"},
 }
 
--- The worked example of docs/protocol.md §1, from its "```text signing" block.
+-- The worked examples of docs/protocol.md §1, from its two "```text signing" blocks: a
+-- request, and its answer signed under the request's id.
 local doc = assert(io.open(here .. "/../../../docs/protocol.md")):read("*a")
-local block = doc:match("```text signing\n(.-)\n```") or ""
-local example = {}
-for line in block:gmatch("[^\n]+") do
-  local name, value = line:match("^(%w+): (.*)$")
-  if name then
-    example[name] = value
+local examples = {}
+for block in doc:gmatch("```text signing\n(.-)\n```") do
+  local example = {}
+  for line in block:gmatch("[^\n]+") do
+    local name, value = line:match("^(%w+): (.*)$")
+    if name then
+      example[name] = value
+    end
   end
+  examples[#examples + 1] = example
 end
+local request, reply = examples[1] or {}, examples[2] or {}
 local body = '{"action":"spawn","run_id":7,"step_id":3,"idempotency_key":"run7-spawn_orcs","attempt":1,'
   .. '"params":{"kind":"orc","region":"britain","count":2}}'
-check(example.body == body, "the body of the doc's signing example is the one this test knows")
-check(example.secret == "example-secret" and example.signature
-  == "v1=1bc412dc6b8d3d9da82e1f5c43f10f576de2ef6bdccfbac6a120f2deae185c83", "the doc's secret and signature")
-local canonical = "POST\n/roadie/v1/dispatch\n1767225600\n" .. (example.body or "")
+check(#examples == 2, "docs/protocol.md has two signing examples (found " .. #examples .. ")")
+check(request.body == body, "the body of the doc's signing example is the one this test knows")
+check(request.secret == "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" and request.signature
+  == "v1,1gV5qdN/ZcdVGtARsEEGlypi/V4rfq7zlxn0Lt8TLmc=", "the doc's secret and signature")
+check(reply.secret == request.secret and reply.id == request.id and reply.method == "ANSWER"
+  and reply.path == request.path and reply.signature == "v1,I2SkaddCAlq4A2peT4obmpcRllL5PshnFJYbrq3EzVQ=",
+  "the doc's answer: the same secret and id, ANSWER, and its signature")
+-- The secret's key, decoded by Python's base64 (not by the SDK's, which is tested apart).
+local example_key = unhex("31f290f6bf06298aab4f08d43c3f082cf648a362da2da4b0")
+local function content(example)
+  return (example.id or "") .. "." .. (example.timestamp or "") .. "." .. (example.method or "") .. " "
+    .. (example.path or "") .. "\n" .. (example.body or "")
+end
 
 local tested = {}
 for _, name in ipairs({"bit", "bit32", "portable"}) do
@@ -82,14 +100,166 @@ for _, name in ipairs({"bit", "bit32", "portable"}) do
       local mac = s.hmac_hex(case[1], case[2])
       check(mac:sub(1, #case[3]) == case[3], "RFC 4231 test case " .. i .. on)
     end
-    check(s.tohex(s.hmac(example.secret or "", canonical)) == "1bc412dc6b8d3d9da82e1f5c43f10f576de2ef6bdccfbac6a120f2deae185c83",
-      "the worked example of docs/protocol.md" .. on)
+    for i, example in ipairs(examples) do
+      check("v1," .. base64.encode(s.hmac(example_key, content(example))) == example.signature,
+        "worked example " .. i .. " of docs/protocol.md" .. on)
+    end
     check(s.equal("v1=abc", "v1=abc") and s.equal("", ""), "equal: the same strings" .. on)
     check(not s.equal("v1=abc", "v1=abd") and not s.equal("x1=abc", "v1=abc"), "equal: different strings" .. on)
     check(not s.equal("v1=abc", "v1=ab") and not s.equal("v1=abc", nil), "equal: different lengths, not a string" .. on)
   end
 end
 check(tested[#tested] == "portable" and sha256.backend == tested[1], "the default backend is the first available")
+
+-- Base64 -------------------------------------------------------------------------------
+
+-- RFC 4648 §10.
+for _, case in ipairs({{"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"}, {"foob", "Zm9vYg=="},
+  {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}}) do
+  check(base64.encode(case[1]) == case[2], "base64 of '" .. case[1] .. "' is '" .. case[2] .. "'")
+  check(base64.decode(case[2]) == case[1], "base64 '" .. case[2] .. "' decodes to '" .. case[1] .. "'")
+end
+local every = {}
+for i = 0, 255 do
+  every[#every + 1] = string.char(i)
+end
+every = table.concat(every)
+check(base64.decode(base64.encode(every)) == every, "every byte value goes through base64 and back")
+check(base64.encode("\251\255\191") == "+/+/" and base64.encode_url("\251\255\191") == "-_-_"
+  and base64.encode_url("f") == "Zg", "the URL-safe alphabet, unpadded")
+for _, bad in ipairs({"Zg", "Zg=", "Zg===", "Z===", "=Zm9", "Zm=v", "Zg==Zm9v", "Zm9v!A==", "Zm9v Yg==", "Zm9v\n",
+  "-_-_", false}) do
+  local value, why = base64.decode(bad)
+  check(value == nil and type(why) == "string", "base64 refuses " .. tostring(bad):gsub("\n", "\\n"))
+end
+
+-- Signing (docs/protocol.md §1) ----------------------------------------------------------
+
+local whsec, plain = request.secret or "", "example-secret"
+-- Made with Python's hmac over the content of the doc's request, keyed with plain's bytes.
+local plain_signature = "v1,1L+5l133UtWrZsg0NxYiPXP/VLlh9yGjSDXsqFvbYsQ="
+for i, example in ipairs(examples) do
+  check(protocol.signature(example.secret, example.id, example.timestamp, example.method, example.path,
+    example.body) == example.signature, "protocol.signature gives worked example " .. i)
+end
+check(protocol.secret_bytes(whsec) == example_key, "a whsec_ secret's key is its base64 decoded")
+check(protocol.secret_bytes(plain) == plain, "any other secret's key is its bytes")
+check(protocol.signature(plain, request.id, "1767225600", "post", request.path or "", body) == plain_signature,
+  "a plain secret signs as its bytes (and the method goes upper case)")
+for _, tail in ipairs({"", "MfKQ9r8G!", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS"}) do
+  local bad = "whsec_" .. tail
+  local key, why = protocol.secret_bytes(bad)
+  local list, why_list = protocol.secret_list(plain .. " " .. bad)
+  check(key == nil and list == nil and why == why_list and (tail == "" or not why:find(tail, 1, true)),
+    "a whsec_ secret that is no base64 is refused, without showing it: " .. bad)
+end
+local function same(a, b)
+  return table.concat(a or {"(nil)"}, "|") == table.concat(b, "|")
+end
+check(same(protocol.secret_list(" a  b\n\tc "), {"a", "b", "c"}) and same(protocol.secret_list({"a", "", "b c"}),
+  {"a", "b c"}), "several secrets: a string split on whitespace, a list as given")
+check(protocol.secret_list("  ") == nil and protocol.secret_list({}) == nil and protocol.secret_list(nil) == nil,
+  "no secret is refused")
+
+-- The headers of the doc's request, as it shows them.
+local function header(lines, name)
+  for _, line in ipairs(lines) do
+    local n, v = line:match("^([^:]+): (.*)$")
+    if n and n:lower() == name:lower() then
+      return v
+    end
+  end
+end
+local lines, id = protocol.headers(whsec, "sandbox", request.path or "", body, 1767225600, "run7-spawn_orcs",
+  request.id)
+check(id == request.id and header(lines, "webhook-id") == request.id and header(lines, "webhook-timestamp")
+  == "1767225600" and header(lines, "webhook-signature") == request.signature, "the headers of the doc's request")
+check(header(lines, "X-Roadie-Key") == "run7-spawn_orcs" and header(lines, "X-Roadie-Module") == "sandbox"
+  and header(lines, "X-Roadie-Signature") == nil and header(lines, "X-Roadie-Timestamp") == nil,
+  "the key and module headers stay, the old signing headers are gone")
+lines = protocol.headers(whsec .. " " .. plain, "sandbox", request.path or "", body, 1767225600.9, nil, request.id)
+check(header(lines, "webhook-signature") == request.signature .. " " .. plain_signature
+  and header(lines, "webhook-timestamp") == "1767225600" and header(lines, "X-Roadie-Key") == "-",
+  "two secrets: two entries, in order; whole seconds; no key")
+check(header(protocol.headers({whsec, plain}, "m", "/p", "", 1, nil, "x"), "webhook-signature")
+  == header(protocol.headers(whsec .. " " .. plain, "m", "/p", "", 1, nil, "x"), "webhook-signature"),
+  "secrets as a list or in one string sign the same")
+lines, id = protocol.headers(plain, "m", "/p", "", 1)
+check(id:find("^msg_[%w_-]+$") and #id == 26 and header(lines, "webhook-id") == id, "a fresh id when none is given")
+
+-- Any entry made with any secret verifies.
+local entry = protocol.signature(plain, "msg_a", "1", "POST", "/p", "{}")
+local other = protocol.signature(whsec, "msg_a", "1", "POST", "/p", "{}")
+check(protocol.signed_by(plain, entry, "msg_a", "1", "POST", "/p", "{}")
+  and protocol.signed_by({whsec, plain}, entry, "msg_a", "1", "POST", "/p", "{}")
+  and protocol.signed_by(plain, "v1,bm9wZQ== " .. entry, "msg_a", "1", "POST", "/p", "{}")
+  and protocol.signed_by(whsec, entry .. " " .. other, "msg_a", "1", "POST", "/p", "{}"),
+  "an entry of any of the secrets verifies, wherever it stands in the header")
+check(not protocol.signed_by("another", entry .. " " .. other, "msg_a", "1", "POST", "/p", "{}")
+  and not protocol.signed_by(plain, entry, "msg_b", "1", "POST", "/p", "{}")
+  and not protocol.signed_by(plain, entry, "msg_a", "2", "POST", "/p", "{}")
+  and not protocol.signed_by(plain, entry, "msg_a", "1", "ANSWER", "/p", "{}")
+  and not protocol.signed_by(plain, entry, "msg_a", "1", "POST", "/q", "{}")
+  and not protocol.signed_by(plain, entry, "msg_a", "1", "POST", "/p", "{} ")
+  and not protocol.signed_by(plain, "", "msg_a", "1", "POST", "/p", "{}"),
+  "another secret, id, timestamp, method, path or body does not verify, nor nothing")
+
+-- Request ids: well formed and never twice, even from a host whose random bytes repeat.
+local function ids(random)
+  local seen, count, good = {}, 0, true
+  for _ = 1, 2000 do
+    local new = protocol.new_id(random)
+    good = good and #new == 26 and new:find("^msg_[A-Za-z0-9_-]+$") ~= nil
+    if not seen[new] then
+      seen[new], count = true, count + 1
+    end
+  end
+  return good and count == 2000
+end
+check(ids(nil), "2000 ids from math.random: all distinct, msg_ and 22 URL-safe characters")
+check(ids(function(n) return string.rep("\0", n) end), "2000 ids from a source that always says zero: all distinct")
+
+-- Opening a signed poll answer (docs/protocol.md §5).
+local pull = protocol.paths.pull
+local function signed(secrets, id, timestamp, text, path, method)
+  return json.encode(json.object({id = id, timestamp = timestamp, answer = text,
+    signature = protocol.signatures(secrets, id, timestamp, method or "ANSWER", path or pull, text)}))
+end
+local function refused(raw, start, secrets, now)
+  local answer, why = protocol.open_signed(secrets or plain, "msg_poll1", pull, raw, now or 1767225600)
+  return answer == nil and type(why) == "string" and why:find(start, 1, true) == 1
+end
+local opened = protocol.open_signed(reply.secret or "", reply.id, reply.path or "", json.encode(json.object({
+  id = reply.id, timestamp = reply.timestamp, signature = reply.signature, answer = reply.body})), 1767225601)
+check(type(opened) == "table" and opened.resources[1].ref == "0x40000001", "the doc's answer opens")
+local python = '{"answer":"{\\"calls\\":[]}","id":"msg_poll1","signature":"v1,Dugjqu/7g53NH1Kw5V3IfWSJ6MEXzBn7kYbfqqz1/CE=",'
+  .. '"timestamp":"1767225600"}' -- Python's hmac, over msg_poll1.1767225600.ANSWER /roadie/v1/pull\n{"calls":[]}
+opened = protocol.open_signed(plain, "msg_poll1", pull, python, 1767225600)
+check(type(opened) == "table" and type(opened.calls) == "table" and #opened.calls == 0, "a poll answer opens")
+check(signed(plain, "msg_poll1", "1767225600", '{"calls":[]}') == python, "and signs the same")
+local both = whsec .. " " .. plain
+check(protocol.open_signed(both, "msg_poll1", pull, python, 1767225600 + 300) ~= nil
+  and protocol.open_signed(both, "msg_poll1", pull, signed(whsec, "msg_poll1", "1767225600", "{}"), 1767225600)
+  and protocol.open_signed(plain, "msg_poll1", pull, signed(both, "msg_poll1", "1767225600", "{}"), 1767225600),
+  "two secrets: an answer signed with either opens, and one signed with both")
+check(refused(signed(plain, "msg_poll0", "1767225600", "{}"), "answer to another request"),
+  "an answer signed for another request is refused")
+local relabelled = json.decode(signed(plain, "msg_poll0", "1767225600", "{}"))
+relabelled.id = "msg_poll1"
+check(refused(json.encode(relabelled), "wrongly signed answer"), "and so is one relabelled with the poll's id")
+check(refused(python, "stale answer", plain, 1767225600 + 301) and refused(python, "stale answer", plain, 1767225600 - 301),
+  "an answer more than 300 s away from this clock is stale")
+check(refused(python, "wrongly signed answer", "another-secret") and refused(python, "wrongly signed answer", whsec),
+  "an answer signed with another secret is refused")
+check(refused(signed(plain, "msg_poll1", "1767225600", "{}", protocol.paths.answer), "wrongly signed answer")
+  and refused(signed(plain, "msg_poll1", "1767225600", "{}", pull, "POST"), "wrongly signed answer"),
+  "a signature for another path, or a request's, passes for no answer")
+check(refused(python:gsub("%[%]", "[1]"), "wrongly signed answer"), "a tampered answer is refused")
+check(refused('{"calls":[]}', "unsigned answer") and refused("", "unsigned answer")
+  and refused('{"timestamp":"1767225600","signature":"v1=5c0d","answer":"{}"}', "unsigned answer")
+  and refused(python:gsub('"v1,[^"]*"', '""'), "unsigned answer")
+  and refused(python:gsub('"1767225600"', '"1767225600.0"'), "unsigned answer"),
+  "an answer without a signature, an id, or whole seconds is refused as unsigned")
 
 -- JSON ---------------------------------------------------------------------------------
 

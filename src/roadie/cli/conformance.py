@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from roadie import protocol
 from roadie.cli.common import JsonOption, console, fail, line, require_web
 from roadie.conformance import RULE_NAMES, ConformanceOptions, Outcome, Report, run_conformance
 from roadie.conformance.transport import TransportFailed
@@ -94,3 +95,10 @@ def print_report(report: Report, console: Console) -> None:
         console.print(line((f"{len(failed)} rule(s) failed:", "red"), " ", ", ".join(r.rule for r in failed)))
     else:
         console.print(line(("conforms", "green")))
+
+
+def secret() -> None:
+    """Print a new secret for a remote module: `whsec_` and 32 random bytes in base64
+    (Standard Webhooks' form). Give it to the engine (roadie.toml or ROADIE_SECRET_<NAME>)
+    and to the module; while rotating, both hold the new one and the old one, space-separated."""
+    sys.stdout.write(protocol.new_secret() + "\n")

@@ -13,7 +13,7 @@ import typer
 
 from roadie.cli.catalogue import actions
 from roadie.cli.cleanup import audit, cleanup, forget, leases, sweep
-from roadie.cli.conformance import conformance
+from roadie.cli.conformance import conformance, secret
 from roadie.cli.events import event_app
 from roadie.cli.logs import configure_logging
 from roadie.cli.runs import run_app
@@ -33,6 +33,7 @@ app.add_typer(event_app, name="event")
 app.add_typer(run_app, name="run")
 app.add_typer(sandbox_app, name="sandbox")
 app.command("conformance")(conformance)
+app.command("secret")(secret)
 
 
 def _version(asked: bool) -> None:

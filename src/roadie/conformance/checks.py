@@ -254,15 +254,27 @@ async def check_signature(s: Session) -> str:
     content = json.dumps(body).encode()
     tampered = json.dumps({**body, "run_id": s.run_id + 1}).encode()
     signed = raw.signed("POST", path, content, key)
-    cases: list[tuple[str, str, str, bytes, dict[str, str]]] = [
-        ("unsigned manifest", "GET", protocol.MANIFEST, b"", {protocol.H_KEY: protocol.NO_KEY}),
-        ("unsigned", "POST", path, content, {protocol.H_KEY: key, "Content-Type": "application/json"}),
+    # The one genuine request: carried out, and its answer signed for it.
+    status, answer = await raw.send_raw("POST", path, content, signed)
+    if status == 401:
+        raise Failed(f"a correctly signed request was refused: {answer}")
+    if s.action is not None and status == 200 and isinstance(answer, dict):
+        s.made[key].resources.extend(r for r in answer.get("resources") or [] if isinstance(r, dict))
+    try:
+        protocol.verify_answer(raw.secret, signed[protocol.H_ID], path, raw.answer_headers, raw.answer_bytes)
+    except protocol.SignatureRefused as exc:
+        raise Failed(f"the answer to a signed request is not signed for it: {exc.message}") from None
+    oversized = b'{"pad":"' + b"x" * protocol.MAX_BODY_BYTES + b'"}'
+    cases: list[tuple[str, str, str, bytes, dict[str, str], tuple[int, ...]]] = [  # with the refusals expected
+        ("unsigned manifest", "GET", protocol.MANIFEST, b"", {protocol.H_KEY: protocol.NO_KEY}, (401,)),
+        ("unsigned", "POST", path, content, {protocol.H_KEY: key, "Content-Type": "application/json"}, (401,)),
         (
             "wrong signature",
             "POST",
             path,
             content,
             protocol.sign(s.tag + "-not-the-secret", "POST", path, content, key=key),
+            (401,),
         ),
         (
             "stale timestamp (1 h old)",
@@ -270,19 +282,30 @@ async def check_signature(s: Session) -> str:
             path,
             content,
             raw.signed("POST", path, content, key, now=time.time() - 3600),
+            (401,),
         ),
-        ("tampered body", "POST", path, tampered, signed),
+        ("tampered body", "POST", path, tampered, signed, (401,)),
+        ("replayed (the request above, sent again)", "POST", path, content, signed, (401,)),
+        (
+            "re-targeted (signed for another path)",
+            "POST",
+            path,
+            content,
+            raw.signed("POST", protocol.REVERT if path != protocol.REVERT else protocol.DISPATCH, content, key),
+            (401,),
+        ),
+        ("oversized (over 8 MiB)", "POST", path, oversized, raw.signed("POST", path, oversized, key), (413,)),
     ]
     wrong = []
-    for name, method, where, data, headers in cases:
+    for name, method, where, data, headers, refusals in cases:
         status, answer = await raw.send_raw(method, where, data, headers)
-        if status != 401:
+        if status not in refusals:
             wrong.append(f"{name} → {status}")
         elif not (isinstance(answer, dict) and isinstance(answer.get("error"), dict) and "message" in answer["error"]):
-            wrong.append(f"{name} → 401 without an {{'error': {{'message'}}}} body")
+            wrong.append(f"{name} → {status} without an {{'error': {{'message'}}}} body")
     if wrong:
-        raise Failed("not refused with 401: " + "; ".join(wrong))
-    return f"{len(cases)} bad requests refused with 401"
+        raise Failed("not refused: " + "; ".join(wrong))
+    return f"the answer signed for its request; {len(cases)} bad requests refused (401, 413)"
 
 
 FORGED_CALL_IDS = 2_000_000_000  # ids no queued call has: the forged calls' own
@@ -296,11 +319,12 @@ class ForgingTransport(Protocol):
 
 
 async def _check_forged_polls(s: Session, queue: ForgingTransport) -> str:
-    """Pull: the gateway refused any of the module's requests not signed with its secret;
-    and the module must carry out nothing from a poll answer that is unsigned or signed
-    with another secret (anyone between it and the engine could have written it)."""
+    """Pull: the gateway refused any of the module's requests not signed with its secret
+    (or replayed); and the module must carry out nothing from a poll answer that is
+    unsigned, signed with another secret, or signed for another of its requests (anyone
+    between it and the engine could have written or recorded it)."""
     forged: list[tuple[str, protocol.PulledCall]] = []
-    for n, how in enumerate(("unsigned", "wrongly signed")):
+    for n, how in enumerate(("unsigned", "wrongly signed", "replayed")):
         key = s.new_key("forged")
         if s.action is not None:
             kind: protocol.CallKind = "dispatch"
@@ -328,8 +352,8 @@ async def _check_forged_polls(s: Session, queue: ForgingTransport) -> str:
             "check the answer's signature (protocol.md §5) before acting on it"
         )
     return (
-        "pull: the module's requests were signed with its secret; it carried out nothing from an unsigned "
-        "or a wrongly signed poll answer"
+        "pull: the module's requests were signed with its secret; it carried out nothing from an unsigned, "
+        "a wrongly signed or a replayed poll answer"
     )
 
 

@@ -37,21 +37,22 @@ class _EveryName(dict[str, str]):
     """One secret for whatever module calls: the kit learns the module's name only from
     its announce, and checks one module at a time."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: protocol.Secrets) -> None:
         super().__init__()
         self.secret = secret
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.secret
 
-    def __getitem__(self, key: str) -> str:
+    def __getitem__(self, key: str) -> Any:
         return self.secret
 
 
 class _ForgingGateway(Gateway):
     """The engine's gateway, which can answer the module's next polls with forged work: a
-    call in an answer that is unsigned, or signed with another secret. A module must carry
-    out none of it (protocol.md §5): `answered` says whether it posted an answer for one."""
+    call in an answer that is unsigned, signed with another secret, or signed for another
+    request (a replay). A module must carry out none of it (protocol.md §5): `answered`
+    says whether it posted an answer for one."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -65,17 +66,19 @@ class _ForgingGateway(Gateway):
         self.polled.set()
         if not self.forgeries:
             return await super().pull(request)
-        module, _ = await self._verified(request)
+        module, _, request_id = await self._verified(request)
         how, call = self.forgeries.pop(0)
         answer = protocol.PullAnswer(calls=[call])
-        signing = self.secrets[module] + "-not-the-secret"
+        # Replayed: signed with the module's own secret, for a request it sent long ago.
+        signing = self.secrets[module] if how == "replayed" else "not-the-secret-" + protocol.new_id()
+        answering = protocol.new_id() if how == "replayed" else request_id
         if protocol.FEATURE_SIGNED_BODY in protocol.features(request.headers):
-            raw = protocol.signed_body(signing, protocol.PULL, answer.model_dump(mode="json"))
+            raw = protocol.signed_body(signing, answering, protocol.PULL, answer.model_dump(mode="json"))
             if how == "unsigned":
                 raw = answer.model_dump_json().encode()  # the calls, with no envelope at all
             return Response(raw, media_type="application/json")
         raw = answer.model_dump_json().encode()
-        headers = {} if how == "unsigned" else protocol.sign_answer(signing, protocol.PULL, raw)
+        headers = {} if how == "unsigned" else protocol.sign_answer(signing, answering, protocol.PULL, raw)
         return Response(raw, media_type="application/json", headers=headers)
 
     async def answer(self, request: Request) -> Any:

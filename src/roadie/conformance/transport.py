@@ -45,6 +45,10 @@ class RawTransport(Transport, Protocol):
         """The headers that sign these bytes with the module's secret."""
         ...
 
+    secret: protocol.Secrets
+    answer_headers: Mapping[str, str]  # of the last answer `send_raw` got
+    answer_bytes: bytes
+
 
 class TransportFailed(Exception):
     """The call got no answer: the connection was refused, reset or timed out. Retryable."""
@@ -87,6 +91,8 @@ class PushClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.secret = secret
+        self.answer_headers: Mapping[str, str] = {}
+        self.answer_bytes = b""
         self.client = httpx.AsyncClient(
             base_url=self.url,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
@@ -110,6 +116,7 @@ class PushClient:
             response = await self.client.request(method, path, content=content, headers=dict(headers))
         except httpx.TransportError as exc:
             raise TransportFailed(f"{type(exc).__name__}: {exc}") from exc
+        self.answer_headers, self.answer_bytes = response.headers, response.content
         return response.status_code, parse(response)
 
     async def aclose(self) -> None:

@@ -74,6 +74,11 @@ CREATE TABLE IF NOT EXISTS lease_restores (
     at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS lease_restores_by_target ON lease_restores (lease, target, run_id);
+CREATE TABLE IF NOT EXISTS seen_requests (
+    id TEXT PRIMARY KEY,
+    expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS seen_requests_by_expiry ON seen_requests (expires);
 """
 
 
@@ -198,6 +203,17 @@ class KeyLedger:
 
     def _now(self) -> float:
         return self.clock.now().timestamp()
+
+    # -- requests ----------------------------------------------------------------------
+
+    def first_sight(self, request_id: str, expires: float) -> bool:
+        """Keep a signed request's id until `expires` (Unix seconds); whether this is the
+        first time it came. Kept here, not in memory, so a restart or a second process
+        on this ledger takes no replay of a request the first one took."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM seen_requests WHERE expires < ?", (self._now(),))
+            kept = db.execute("INSERT OR IGNORE INTO seen_requests (id, expires) VALUES (?, ?)", (request_id, expires))
+            return kept.rowcount == 1
 
     # -- dispatch ----------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ class PullClient:
         self,
         module: Module,
         engine_url: str,
-        secret: str,
+        secret: protocol.Secrets,
         ledger_path: str,
         *,
         settings: Mapping[str, Any] | None = None,

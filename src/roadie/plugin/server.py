@@ -96,7 +96,7 @@ class ModuleServer:
         self,
         module: Module,
         *,
-        secret: str,
+        secret: protocol.Secrets,
         ledger_path: str,
         settings: Mapping[str, Any] | None = None,
         base_dir: str = ".",
@@ -190,10 +190,19 @@ class ModuleServer:
     def manifest(self) -> protocol.Manifest:
         return self._manifest
 
+    def sign_answer(self, request_id: str, path: str, content: bytes) -> dict[str, str]:
+        """The headers that sign an answer to request `request_id` for `path`."""
+        return protocol.sign_answer(self._secret, request_id, path, content, clock=self.clock)
+
     async def handle_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Reply:
         """One HTTP request: its signature checked, then routed by method and path."""
         try:
-            protocol.verify(self._secret, method, path, headers, body, max_skew=self.max_skew, clock=self.clock)
+            signed = protocol.verify(
+                self._secret, method, path, headers, body, max_skew=self.max_skew, clock=self.clock
+            )
+            await self.open()
+            if not self.ledger.first_sight(signed.id, signed.sent + self.max_skew):
+                raise protocol.SignatureRefused(protocol.REPLAYED.format(header=protocol.H_ID))
         except protocol.SignatureRefused as exc:
             log.info("request refused", module=self.module.name, path=path, reason=exc.message)
             return Reply(401, protocol.error_body(exc.message))
@@ -471,7 +480,8 @@ class ModuleServer:
     ) -> tuple[int, Any]:
         """POST `body` to the engine, signed as this module; its status and parsed body.
         A transport failure raises RetryableError. With `signed_answer`, a 2xx answer the
-        engine did not sign with this module's secret is refused (RetryableError)."""
+        engine did not sign with this module's secret for this very request is refused
+        (RetryableError)."""
         raw = json.dumps(body, separators=(",", ":")).encode()
         headers = protocol.sign(self._secret, "POST", path, raw, key=key, module=self.module.name, clock=self.clock)
         headers.update(extra_headers or {})
@@ -487,7 +497,13 @@ class ModuleServer:
         if signed_answer and response.is_success:
             try:
                 protocol.verify_answer(
-                    self._secret, path, response.headers, response.content, max_skew=self.max_skew, clock=self.clock
+                    self._secret,
+                    headers[protocol.H_ID],
+                    path,
+                    response.headers,
+                    response.content,
+                    max_skew=self.max_skew,
+                    clock=self.clock,
                 )
             except protocol.SignatureRefused as exc:
                 raise RetryableError(f"{self.module.name}: {base_url}{path} answered unsigned: {exc.message}") from exc
@@ -533,11 +549,19 @@ class _Endpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        body = await request.body()
-        reply = await self.server.handle_request(request.method, request.url.path, request.headers, body)
+        body = await _read_capped(request, protocol.MAX_BODY_BYTES)
+        if body is None:
+            reply = Reply(413, protocol.error_body(f"request body over the limit of {protocol.MAX_BODY_BYTES} bytes"))
+        else:
+            reply = await self.server.handle_request(request.method, request.url.path, request.headers, body)
         content = json.dumps(reply.body, separators=(",", ":")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
         headers += [(name.lower().encode(), value.encode()) for name, value in reply.headers.items()]
+        request_id = request.headers.get(protocol.H_ID, "")
+        if protocol.is_request_id(request_id):
+            # Signed under the request's id, so it passes for the answer to no other.
+            signed = self.server.sign_answer(request_id, request.url.path, content)
+            headers += [(name.lower().encode(), value.encode()) for name, value in signed.items()]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         if reply.lost:
             # Headers promised a body that never comes: the server closes the connection
@@ -546,10 +570,26 @@ class _Endpoint:
         await send({"type": "http.response.body", "body": content})
 
 
+async def _read_capped(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None when it is over `limit` bytes: by its Content-Length,
+    before a byte is read, or as soon as more came."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def serve_module(
     module: Module,
     *,
-    secret: str,
+    secret: protocol.Secrets,
     ledger_path: str,
     settings: Mapping[str, Any] | None = None,
     base_dir: str = ".",

@@ -78,7 +78,8 @@ class RemoteSettings:
     ```toml
     [modules.world]
     url = "http://10.0.0.5:7300"       # push: the module's server
-    secret_env = "ROADIE_SECRET_WORLD"  # or `secret = "..."`; the default is ROADIE_SECRET_<NAME>
+    secret_env = "ROADIE_SECRET_WORLD"  # or `secret = "..."` (a list while rotating);
+                                        # the default is ROADIE_SECRET_<NAME>
     connect_timeout = 2.0
     read_timeout = 30.0
     call_timeout = 60.0                 # the most one call waits on the module, in all
@@ -122,14 +123,27 @@ def is_remote(table: Mapping[str, Any]) -> bool:
 
 
 def module_secret(name: str, table: Mapping[str, Any]) -> str:
-    """The module's shared secret: `secret`, or the environment variable `secret_env`
-    names, or `ROADIE_SECRET_<NAME>`. Never logged."""
-    if table.get("secret"):
-        return str(table["secret"])
+    """The module's shared secret: `secret` (a string, or a list of several), or the
+    environment variable `secret_env` names, or `ROADIE_SECRET_<NAME>`; several secrets
+    in one string are separated by spaces. Never logged."""
+    given = table.get("secret")
+    if isinstance(given, list):  # several, while one is rotated out (docs/protocol.md §1)
+        given = " ".join(str(s) for s in given)
+    if given:
+        return _checked_secret(name, str(given))
     variable = str(table.get("secret_env") or f"ROADIE_SECRET_{name.upper()}")
     secret = os.environ.get(variable)
-    if not secret:
+    if not secret or not secret.strip():
         raise ConfigError(f"module {name!r} needs a shared secret: set {variable} (or secret_env / secret)")
+    return _checked_secret(name, secret)
+
+
+def _checked_secret(name: str, secret: str) -> str:
+    for one in protocol.secret_list(secret):
+        try:
+            protocol.secret_bytes(one)
+        except ValueError as exc:
+            raise ConfigError(f"module {name!r}: one of its secrets is not usable: {exc}") from None
     return secret
 
 
@@ -177,8 +191,11 @@ class PushTransport:
         try:
             # httpx's own timeouts bound each phase; this bounds the whole, on the clock
             # every other wait reads, so a server that trickles bytes cannot hold a worker.
-            async with self.clock.timeout(deadline):
-                response = await self.client.request(method, path, content=raw, headers=headers)
+            async with (
+                self.clock.timeout(deadline),
+                self.client.stream(method, path, content=raw, headers=headers) as response,
+            ):
+                answer = await _read_capped(response, protocol.MAX_BODY_BYTES)
         except TimeoutError as exc:
             raise StepTimeout(f"{self.name}: no answer from {self.settings.url} within {deadline:g}s") from exc
         except httpx.ConnectError as exc:
@@ -188,14 +205,48 @@ class PushTransport:
         except httpx.TransportError as exc:
             # The connection broke after the request went out: the module may have acted.
             raise AnswerLost(f"{self.name}: the answer was lost ({type(exc).__name__}: {exc})") from exc
+        if answer is None:
+            raise AnswerLost(f"{self.name}: its answer is over {protocol.MAX_BODY_BYTES} bytes; not read")
+        self._check_signed(headers[protocol.H_ID], path, response, answer)
         try:
-            parsed: Any = response.json() if response.content else None
+            parsed: Any = json.loads(answer) if answer else None
         except ValueError:
-            parsed = _NotJSON(response.text[:200])
+            parsed = _NotJSON(answer[:200].decode(errors="replace"))
         return response.status_code, _WithHeaders.wrap(parsed, response.headers)
+
+    def _check_signed(self, request_id: str, path: str, response: httpx.Response, answer: bytes) -> None:
+        """Believe nothing an answer says unless the module signed it for this request:
+        anyone on the way could have written it, or replayed another request's."""
+        try:
+            protocol.verify_answer(self.settings.secret, request_id, path, response.headers, answer, clock=self.clock)
+        except protocol.SignatureRefused as exc:
+            if response.status_code == 401:
+                # The module refused our request; its refusal cannot be checked either when
+                # the two sides hold different secrets.
+                raise PermanentError(
+                    f"{self.name}: the module refused our signature (HTTP 401, unverified answer: {exc.message}); "
+                    "check that the engine and the module hold the same secret"
+                ) from exc
+            raise AnswerLost(f"{self.name}: {exc.message}; asking again") from exc
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
+    """The answer's body, or None once it is over `limit` bytes (by its Content-Length,
+    before reading, or as it comes)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class _NotJSON(str):
@@ -220,6 +271,13 @@ def judge(name: str, kind: str, status: int, body: Any) -> Any:
     if isinstance(body, _WithHeaders):
         body, headers = body.body, body.headers
     if 200 <= status < 300:
+        resources = body.get("resources") if isinstance(body, dict) else None
+        if kind == "dispatch" and isinstance(resources, list) and len(resources) > protocol.MAX_RESOURCES:
+            # Nothing of it is recorded: the step fails, and its cleanup reverts by key.
+            raise PermanentError(
+                f"{name} {kind}: the answer lists {len(resources)} resources, over the limit of "
+                f"{protocol.MAX_RESOURCES}"
+            )
         return body
     message = f"{name} {kind}: {_message(body, status)}"
     if protocol.retryable_status(status):

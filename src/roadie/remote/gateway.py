@@ -5,15 +5,19 @@
 - `POST /roadie/v1/answer`: it posts a call's answer back.
 - `POST /roadie/v1/report`: any module reports resources a step's effect made by itself.
 
-Every request is signed with the calling module's secret and names the module in
-`X-Roadie-Module`; anything else is refused with 401 before its body is read.
+Every request is signed with the calling module's secret, under an id it never sent
+before, and names the module in `X-Roadie-Module`; anything else is refused with 401 (a
+request naming no module of ours before its body is read), and a body over
+`protocol.MAX_BODY_BYTES` with 413.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -54,7 +58,7 @@ class Gateway:
         self,
         store: Store,
         queue: WorkQueue,
-        secrets: Mapping[str, str],
+        secrets: Mapping[str, protocol.Secrets],
         registry: Registry,
         *,
         max_skew: float = protocol.MAX_SKEW,
@@ -67,19 +71,28 @@ class Gateway:
         self.max_skew = max_skew
         self.on_announce = on_announce
 
-    async def _verified(self, request: Request) -> tuple[str, bytes]:
+    async def _verified(self, request: Request) -> tuple[str, bytes, str]:
+        """The calling module, the request's body and its id, once its signature is checked
+        and its id was never seen before; refused (401, 413) otherwise, the body unread
+        when its module or size is wrong."""
         module = request.headers.get(protocol.H_MODULE, "")
-        secret = self.secrets.get(module)
-        body = await request.body()
         if not module:
             raise _Refused(401, f"no {protocol.H_MODULE} header: say which module is calling")
+        secret = self.secrets.get(module)
         if secret is None:
             raise _Refused(401, f"no remote module {module!r} is configured here")
+        body = await _read_capped(request, protocol.MAX_BODY_BYTES)
+        now = time.time()
         try:
-            protocol.verify(secret, request.method, request.url.path, request.headers, body, max_skew=self.max_skew)
+            signed = protocol.verify(
+                secret, request.method, request.url.path, request.headers, body, max_skew=self.max_skew, now=now
+            )
         except protocol.SignatureRefused as exc:
             raise _Refused(401, exc.message) from exc
-        return module, body
+        kept_until = datetime.fromtimestamp(signed.sent + self.max_skew, UTC)
+        if not await self.queue.calls.first_sight(module, signed.id, kept_until, datetime.fromtimestamp(now, UTC)):
+            raise _Refused(401, protocol.REPLAYED.format(header=protocol.H_ID))
+        return module, body, signed.id
 
     @staticmethod
     def _parse(model: type[Any], body: bytes) -> Any:
@@ -91,7 +104,7 @@ class Gateway:
             raise _Refused(400, f"malformed request: {first['msg']}", field) from exc
 
     async def announce(self, request: Request) -> Any:
-        module, body = await self._verified(request)
+        module, body, _ = await self._verified(request)
         manifest = self._parse(protocol.Manifest, body)
         if manifest.module != module:
             raise _Refused(400, f"signed as module {module!r} but announces {manifest.module!r}", "module")
@@ -105,7 +118,7 @@ class Gateway:
         return {"announced": module}
 
     async def pull(self, request: Request) -> Any:
-        module, body = await self._verified(request)
+        module, body, request_id = await self._verified(request)
         wanted = self._parse(protocol.PullRequest, body)
         taken = await self._take_while_connected(request, module, wanted)
         if taken is None:
@@ -129,10 +142,12 @@ class Gateway:
         answer = protocol.PullAnswer(calls=calls)
         secret = self.secrets[module]
         if protocol.FEATURE_SIGNED_BODY in features:
-            raw = protocol.signed_body(secret, protocol.PULL, answer.model_dump(mode="json", exclude=exclude))
+            raw = protocol.signed_body(
+                secret, request_id, protocol.PULL, answer.model_dump(mode="json", exclude=exclude)
+            )
             return Response(raw, media_type="application/json")
         raw = answer.model_dump_json(exclude=exclude).encode()
-        headers = protocol.sign_answer(secret, protocol.PULL, raw)
+        headers = protocol.sign_answer(secret, request_id, protocol.PULL, raw)
         return Response(raw, media_type="application/json", headers=headers)
 
     async def _take_while_connected(
@@ -159,14 +174,14 @@ class Gateway:
         return taken
 
     async def answer(self, request: Request) -> Any:
-        module, body = await self._verified(request)
+        module, body, _ = await self._verified(request)
         posted = self._parse(protocol.AnswerPost, body)
         taken = await self.queue.answer(module, posted.id, posted.status, posted.body, posted.token)
         # Refused is still 200: the module did its part, and there is nothing to retry.
         return {"accepted": True} if taken else {"accepted": False, "reason": taken.reason}
 
     async def report(self, request: Request) -> Any:
-        module, body = await self._verified(request)
+        module, body, _ = await self._verified(request)
         report = self._parse(protocol.ReportRequest, body)
         step = await self.queue.calls.step_by_key(report.idempotency_key)
         if step is None or step.owner != module:
@@ -228,6 +243,22 @@ class Server(uvicorn.Server):
         if queue is not None:
             queue.close()
         await super().shutdown(sockets=sockets)
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) by its Content-Length before a byte is read, or as
+    soon as more than `limit` bytes came."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _Refused(413, f"request body of {int(declared)} bytes is over the limit of {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _Refused(413, f"request body over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _disconnected(request: Request) -> None:

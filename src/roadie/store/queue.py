@@ -16,12 +16,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store import dialects
 from roadie.store.rows import StepRow, from_row
 from roadie.store.store import Store
-from roadie.store.tables import remote_calls, remote_modules, steps
+from roadie.store.tables import remote_calls, remote_modules, seen_requests, steps
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,27 @@ class QueueStore:
             )
 
         await self.store._write("announce_module", work)
+
+    async def first_sight(self, module: str, request_id: str, expires_at: datetime, now: datetime) -> bool:
+        """Keep a signed request's id until `expires_at`; whether this is the first time it
+        came (else it is a replay). One statement decides, so two gateways on one database
+        that get the same request at once accept it once. Ids already expired go first."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            await conn.execute(delete(seen_requests).where(seen_requests.c.expires_at < now))
+            # A savepoint, not an insert-or-ignore: MariaDB counts a skipped duplicate as a
+            # found row, so the row count could not tell a replay from a first sight.
+            try:
+                async with conn.begin_nested():
+                    await conn.execute(
+                        insert(seen_requests).values(module=module, request_id=request_id, expires_at=expires_at)
+                    )
+            except IntegrityError:
+                return False
+            return True
+
+        result: bool = await self.store._write("seen_request", work)
+        return result
 
     async def announced(self, name: str) -> dict[str, Any] | None:
         async def work(conn: AsyncConnection) -> dict[str, Any] | None:

@@ -301,6 +301,18 @@ remote_modules = Table(
     Column("polled_at", UTCDateTime, nullable=True),
 )
 
+# The ids of signed requests the gateway accepted from pulling modules, each kept until its
+# timestamp leaves the signing window: a request arriving again with a kept id is a replay
+# (docs/protocol.md §1). Rows past `expires_at` are deleted as new ones come.
+seen_requests = Table(
+    "seen_requests",
+    metadata,
+    Column("module", String(64), primary_key=True),
+    Column("request_id", String(64), primary_key=True),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Index(None, "expires_at"),
+)
+
 # API tokens of `roadie serve` (one role each). Only the secret's SHA-256 is kept; `key`
 # is the public half of the token, by which a presented token is found.
 api_tokens = Table(

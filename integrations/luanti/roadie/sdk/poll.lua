@@ -3,14 +3,18 @@
 -- HTTP requests, through a function the host gives it, so it runs in any Lua host.
 --
 -- opts = {
---   url = "http://gateway:7300",  module = "luanti",  secret = "...",
+--   url = "http://gateway:7300",  module = "luanti",
+--   secrets = "whsec_...",                   -- several while one is rotated: a list, or
+--                                            -- separated by spaces (`secret` works too)
 --   manifest = {...},                        -- what announce says
 --   handle = function(path, body) return status, body end,
 --   http = function(request, done) end,      -- request: {url, data, headers, timeout};
 --                                            -- done({ok, code, data}) once, later
 --   now = function() return unix_seconds end,
+--   random = function(n) return bytes end,   -- optional: n random bytes, for request ids
+--                                            -- (else math.random: see protocol.new_id)
 --   after = function(seconds, fn) end,
---   log = function(level, message) end,      -- never given the secret
+--   log = function(level, message) end,      -- never given a secret
 --   max = 16, wait = 20,
 -- }
 return function(sdk)
@@ -28,6 +32,11 @@ return function(sdk)
       self[name] = value
     end
     self.url = self.url:gsub("/+$", "")
+    local secrets, why = protocol.secret_list(self.secrets or self.secret)
+    if secrets == nil then
+      error("roadie: " .. why, 2)
+    end
+    self.secrets, self.secret = secrets, nil
     self.max = self.max or 16
     self.wait = self.wait or 20
     self.failures = 0
@@ -37,12 +46,18 @@ return function(sdk)
     return self
   end
 
+  -- Every request goes out under an id of its own, retries included: the gateway refuses
+  -- an id it has seen, as a replay.
+  function Poller:_headers(path, data, key)
+    return protocol.headers(self.secrets, self.module, path, data, self.now(), key, protocol.new_id(self.random))
+  end
+
   function Poller:_post(path, body, key, done)
     local data = json.encode(body)
     self.http({
       url = self.url .. path,
       data = data,
-      headers = protocol.headers(self.secret, self.module, path, data, self.now(), key),
+      headers = self:_headers(path, data, key),
       -- a client timeout longer than the poll's wait, or every empty poll is an error
       timeout = self.wait + 10,
     }, done)
@@ -88,16 +103,17 @@ return function(sdk)
     end
     local ask = json.object({max = self.max, wait = self.wait})
     local data = json.encode(ask)
-    local headers = protocol.headers(self.secret, self.module, paths.pull, data, self.now(), nil)
+    local headers, id = self:_headers(paths.pull, data, nil)
     headers[#headers + 1] = "X-Roadie-Features: delivery-token, signed-body"
     self.http({url = self.url .. paths.pull, data = data, headers = headers, timeout = self.wait + 10},
       function(result)
         if not (result.ok and result.code == 200) then
           return self:_retry(string.format("poll failed (%s)", M.describe(result)))
         end
-        local answer, why = protocol.open_signed(self.secret, paths.pull, result.data or "", self.now())
+        local answer, why = protocol.open_signed(self.secrets, id, paths.pull, result.data or "", self.now())
         if answer == nil then
-          -- Carry out nothing the engine did not sign: anyone on the way could have written it.
+          -- Carry out nothing the engine did not sign for this poll: anyone on the way could
+          -- have written it, or kept an answer to an earlier one.
           return self:_retry("poll answer refused: " .. why)
         end
         self.failures = 0
