@@ -107,9 +107,16 @@ _SECRET_PREFIX = "whsec_"
 
 
 def secret_list(secrets: Secrets) -> list[str]:
-    """The secrets of `secrets`: a sequence as given; a string split on whitespace, so one
-    setting (an environment variable, a Luanti setting) can hold a new and an old one."""
-    found = secrets.split() if isinstance(secrets, str) else [s for s in secrets if s]
+    """The secrets of `secrets`: a sequence as given; a string of `whsec_` secrets split on
+    whitespace, so one setting (an environment variable, a Luanti setting) can hold a new
+    and an old one. Any other string is one secret, spaces and all (split, a pass phrase
+    would become several weak secrets, any of them accepted)."""
+    if isinstance(secrets, str):
+        parts = secrets.split()
+        found = parts if parts and all(p.startswith(_SECRET_PREFIX) for p in parts) else [secrets.strip()]
+        found = [s for s in found if s]
+    else:
+        found = [s for s in secrets if s]
     if not found:
         raise ValueError("no secret given")
     return found
@@ -219,7 +226,8 @@ def verify(
 ) -> Signed:
     """Refuse an unsigned, wrongly signed or stale request, saying which; staleness is
     judged on `now` or `clock` (the system's). Whether its id was seen before is the
-    caller's to ask (`ReplayGuard`, or the gateway's table)."""
+    receiver's to ask, of storage that outlives it (the gateway's table, the SDK's key
+    ledger), keeping the id until `sent + max_skew`."""
     given = _header(headers, H_SIGNATURE)
     request_id = _header(headers, H_ID)
     timestamp = _header(headers, H_TIMESTAMP)
@@ -245,25 +253,6 @@ def verify(
         if any([hmac.compare_digest(expected, entry) for entry in offered]):
             return Signed(request_id, float(timestamp))
     raise SignatureRefused("wrong signature: not made with this module's secret over this method, path and body")
-
-
-class ReplayGuard:
-    """The ids of the requests verified in the last window, in memory: a request whose id
-    was seen is refused as a replay. An id is kept until its timestamp is stale, after
-    which `verify` refuses it anyway. (A module server with a key ledger keeps them there
-    instead, so that a restart forgets none: `KeyLedger.first_sight`.)"""
-
-    def __init__(self, max_skew: float = MAX_SKEW) -> None:
-        self.max_skew = max_skew
-        self._until: dict[str, float] = {}
-
-    def first_sight(self, request_id: str, sent: float, now: float) -> bool:
-        if len(self._until) > 1024:
-            self._until = {k: t for k, t in self._until.items() if t >= now}
-        if request_id in self._until:
-            return False
-        self._until[request_id] = sent + self.max_skew
-        return True
 
 
 REPLAYED = "replayed request: its {header} was seen before"

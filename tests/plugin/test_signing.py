@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from roadie import protocol
-from roadie.errors import AnswerLost, PermanentError
-from roadie.remote.client import PushTransport, RemoteSettings, judge
+from roadie.errors import AnswerLost, ConfigError, PermanentError
+from roadie.remote.client import PushTransport, RemoteSettings, judge, module_secret
 from tests.plugin.helpers import SECRET, Served, dispatch_body, revert_body
 
 
@@ -72,7 +72,7 @@ def test_the_sdk_server_signs_every_answer_under_its_request_id(tmp_path: Path) 
     asyncio.run(body())
 
 
-def _transport(handler: object, secret: str = SECRET) -> PushTransport:
+def _transport(handler: object, secret: protocol.Secrets = SECRET) -> PushTransport:
     settings = RemoteSettings(name="world", transport="push", url="http://world", secret=secret)
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://world")  # type: ignore[arg-type]
     return PushTransport(settings, client=http)
@@ -119,7 +119,7 @@ def test_the_engine_takes_a_signed_answer_from_a_module_rotating_its_secret() ->
         return httpx.Response(200, content=ANSWER, headers=signed)
 
     async def body() -> None:
-        transport = _transport(handler, secret=f"{new} {SECRET}")
+        transport = _transport(handler, secret=[new, SECRET])
         status, answer = await transport.call("dispatch", dispatch_body("k1"), "k1")
         assert (status, answer) == (200, json.loads(ANSWER))
         await transport.close()
@@ -159,3 +159,18 @@ def test_a_module_refusing_our_signature_is_a_permanent_failure_naming_the_secre
         await transport.close()
 
     asyncio.run(body())
+
+
+def test_several_secrets_come_as_a_list_or_as_whsec_secrets_in_one_string() -> None:
+    new, old = protocol.new_secret(), protocol.new_secret()
+    assert protocol.secret_list(f" {new}\n {old} ") == [new, old]
+    assert protocol.secret_list([new, "a pass phrase"]) == [new, "a pass phrase"]
+    # Split, a pass phrase would be several weak secrets, any of them accepted: it is one.
+    assert protocol.secret_list("correct horse battery staple") == ["correct horse battery staple"]
+    with pytest.raises(ValueError, match="no secret"):
+        protocol.secret_list("  ")
+    with pytest.raises(ValueError, match="base64"):
+        protocol.secret_bytes("whsec_not base64!")
+    assert module_secret("world", {"secret": [new, old]}) == [new, old]
+    with pytest.raises(ConfigError, match="module 'world': its secret is not usable"):
+        module_secret("world", {"secret": f"{new} whsec_%%%"})

@@ -244,7 +244,7 @@ def test_the_gateway_refuses_replayed_re_targeted_and_oversized_requests(harness
             assert over.status_code == 413
             assert "limit" in over.json()["error"]["message"]
             # Rotation: a module signing with a new and an old secret is let in by either.
-            rotating = Gateway(harness.store, queue, {"lua": f"whsec_{'A' * 43}= {SECRET}"}, harness.registry)
+            rotating = Gateway(harness.store, queue, {"lua": [f"whsec_{'A' * 43}=", SECRET]}, harness.registry)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rotating.app()), base_url="http://gw") as client:
             for secret in (SECRET, ["whsec_" + "A" * 43 + "=", "an unknown one"]):
                 raw = json.dumps(report).encode()

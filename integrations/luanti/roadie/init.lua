@@ -17,7 +17,8 @@ end
 local settings = minetest.settings
 local worldpath = minetest.get_worldpath()
 
--- One secret, or several separated by spaces (or lines, in the file) while one is rotated.
+-- One secret, or several whsec_ ones separated by spaces (or lines, in the file) while one
+-- is rotated; sdk.protocol.secret_list says which.
 local function read_secrets()
   local file = settings:get("roadie.secret_file")
   if file and file ~= "" then

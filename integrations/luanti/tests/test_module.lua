@@ -161,7 +161,7 @@ do
   local poller = sdk.poll.new({
     url = "http://gateway:7300/",
     module = "toy",
-    secrets = new .. " " .. old,
+    secrets = {new, old},
     manifest = json.object({protocol = "roadie/v1", module = "toy", actions = json.array({})}),
     handle = function(path, body)
       handled[#handled + 1] = path .. " " .. json.encode(body)
@@ -255,7 +255,7 @@ do
     poll.done({ok = true, code = 200, data = call:format(6, 6, 6, 6)})
   end)
   check(first ~= poll, "each poll is a request of its own")
-  answer(poll, old .. " " .. new, id, call:format(7, 7, 7, 7))
+  answer(poll, {old, new}, id, call:format(7, 7, 7, 7))
   check(#handled == 3 and handled[3]:find("k7", 1, true), "after a refusal, the next signed answer is carried out")
   take(paths.answer)
   local done_with

@@ -149,15 +149,19 @@ check(protocol.signature(plain, request.id, "1767225600", "post", request.path o
 for _, tail in ipairs({"", "MfKQ9r8G!", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS"}) do
   local bad = "whsec_" .. tail
   local key, why = protocol.secret_bytes(bad)
-  local list, why_list = protocol.secret_list(plain .. " " .. bad)
+  local list, why_list = protocol.secret_list(whsec .. " " .. bad)
   check(key == nil and list == nil and why == why_list and (tail == "" or not why:find(tail, 1, true)),
     "a whsec_ secret that is no base64 is refused, without showing it: " .. bad)
 end
 local function same(a, b)
   return table.concat(a or {"(nil)"}, "|") == table.concat(b, "|")
 end
-check(same(protocol.secret_list(" a  b\n\tc "), {"a", "b", "c"}) and same(protocol.secret_list({"a", "", "b c"}),
-  {"a", "b c"}), "several secrets: a string split on whitespace, a list as given")
+check(same(protocol.secret_list(" whsec_QQ==  whsec_Qg==\n\twhsec_Qw== "), {"whsec_QQ==", "whsec_Qg==", "whsec_Qw=="})
+  and same(protocol.secret_list({"a", "", "b c"}), {"a", "b c"}),
+  "several secrets: a string of whsec_ secrets split on whitespace, a list as given")
+check(same(protocol.secret_list(" correct horse\tbattery staple\n"), {"correct horse\tbattery staple"})
+  and protocol.secret_list("whsec_QQ== plain") == nil,
+  "any other string is one secret, spaces and all, never several weak ones (a whsec_ one then refused)")
 check(protocol.secret_list("  ") == nil and protocol.secret_list({}) == nil and protocol.secret_list(nil) == nil,
   "no secret is refused")
 
@@ -177,12 +181,12 @@ check(id == request.id and header(lines, "webhook-id") == request.id and header(
 check(header(lines, "X-Roadie-Key") == "run7-spawn_orcs" and header(lines, "X-Roadie-Module") == "sandbox"
   and header(lines, "X-Roadie-Signature") == nil and header(lines, "X-Roadie-Timestamp") == nil,
   "the key and module headers stay, the old signing headers are gone")
-lines = protocol.headers(whsec .. " " .. plain, "sandbox", request.path or "", body, 1767225600.9, nil, request.id)
+lines = protocol.headers({whsec, plain}, "sandbox", request.path or "", body, 1767225600.9, nil, request.id)
 check(header(lines, "webhook-signature") == request.signature .. " " .. plain_signature
   and header(lines, "webhook-timestamp") == "1767225600" and header(lines, "X-Roadie-Key") == "-",
   "two secrets: two entries, in order; whole seconds; no key")
-check(header(protocol.headers({whsec, plain}, "m", "/p", "", 1, nil, "x"), "webhook-signature")
-  == header(protocol.headers(whsec .. " " .. plain, "m", "/p", "", 1, nil, "x"), "webhook-signature"),
+check(header(protocol.headers({whsec, "whsec_QQ=="}, "m", "/p", "", 1, nil, "x"), "webhook-signature")
+  == header(protocol.headers(whsec .. " whsec_QQ==", "m", "/p", "", 1, nil, "x"), "webhook-signature"),
   "secrets as a list or in one string sign the same")
 lines, id = protocol.headers(plain, "m", "/p", "", 1)
 check(id:find("^msg_[%w_-]+$") and #id == 26 and header(lines, "webhook-id") == id, "a fresh id when none is given")
@@ -237,7 +241,7 @@ local python = '{"answer":"{\\"calls\\":[]}","id":"msg_poll1","signature":"v1,Du
 opened = protocol.open_signed(plain, "msg_poll1", pull, python, 1767225600)
 check(type(opened) == "table" and type(opened.calls) == "table" and #opened.calls == 0, "a poll answer opens")
 check(signed(plain, "msg_poll1", "1767225600", '{"calls":[]}') == python, "and signs the same")
-local both = whsec .. " " .. plain
+local both = {whsec, plain}
 check(protocol.open_signed(both, "msg_poll1", pull, python, 1767225600 + 300) ~= nil
   and protocol.open_signed(both, "msg_poll1", pull, signed(whsec, "msg_poll1", "1767225600", "{}"), 1767225600)
   and protocol.open_signed(plain, "msg_poll1", pull, signed(both, "msg_poll1", "1767225600", "{}"), 1767225600),

@@ -27,7 +27,7 @@ class Remotes:
     """The remote modules of one process: their secrets (for the gateway) and the queue."""
 
     queue: WorkQueue
-    secrets: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, protocol.Secrets] = field(default_factory=dict)
     settings: dict[str, RemoteSettings] = field(default_factory=dict)
 
 

@@ -92,7 +92,7 @@ class RemoteSettings:
     name: str
     transport: str
     url: str | None
-    secret: str
+    secret: protocol.Secrets
     connect_timeout: float = 2.0
     read_timeout: float = 30.0
     max_connections: int = 100
@@ -122,13 +122,13 @@ def is_remote(table: Mapping[str, Any]) -> bool:
     return "url" in table or "transport" in table
 
 
-def module_secret(name: str, table: Mapping[str, Any]) -> str:
+def module_secret(name: str, table: Mapping[str, Any]) -> protocol.Secrets:
     """The module's shared secret: `secret` (a string, or a list of several), or the
     environment variable `secret_env` names, or `ROADIE_SECRET_<NAME>`; several secrets
-    in one string are separated by spaces. Never logged."""
+    in one string are `whsec_` secrets separated by spaces. Never logged."""
     given = table.get("secret")
     if isinstance(given, list):  # several, while one is rotated out (docs/protocol.md §1)
-        given = " ".join(str(s) for s in given)
+        return _checked_secret(name, [str(s) for s in given])
     if given:
         return _checked_secret(name, str(given))
     variable = str(table.get("secret_env") or f"ROADIE_SECRET_{name.upper()}")
@@ -138,12 +138,12 @@ def module_secret(name: str, table: Mapping[str, Any]) -> str:
     return _checked_secret(name, secret)
 
 
-def _checked_secret(name: str, secret: str) -> str:
-    for one in protocol.secret_list(secret):
-        try:
+def _checked_secret(name: str, secret: protocol.Secrets) -> protocol.Secrets:
+    try:
+        for one in protocol.secret_list(secret):
             protocol.secret_bytes(one)
-        except ValueError as exc:
-            raise ConfigError(f"module {name!r}: one of its secrets is not usable: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"module {name!r}: its secret is not usable: {exc}") from None
     return secret
 
 

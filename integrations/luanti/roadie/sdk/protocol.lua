@@ -24,13 +24,21 @@ return function(sdk)
     lease_restore = prefix .. "/lease/restore",
   }
 
-  -- One secret, or several while one is rotated: a list, or one string with them separated
-  -- by whitespace (one setting can hold the new and the old). The list, or nil and why.
+  -- One secret, or several while one is rotated: a list, or one string of whsec_ secrets
+  -- separated by whitespace (one setting can hold the new and the old). Any other string is
+  -- one secret, spaces and all: split, a pass phrase would become several weak secrets.
+  -- The list, or nil and why.
   function M.secret_list(secrets)
     local found = {}
     if type(secrets) == "string" then
+      local all_whsec = true
       for secret in secrets:gmatch("%S+") do
         found[#found + 1] = secret
+        all_whsec = all_whsec and secret:sub(1, 6) == "whsec_"
+      end
+      if not all_whsec then
+        local whole = secrets:match("^%s*(.-)%s*$")
+        found = whole ~= "" and {whole} or {}
       end
     elseif type(secrets) == "table" then
       for _, secret in ipairs(secrets) do
