@@ -21,7 +21,7 @@ import hmac
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from secrets import token_urlsafe
@@ -345,6 +345,21 @@ def open_signed_body(
     body = signed.answer.encode()
     verify_answer(secrets, request_id, path, headers, body, now=now, max_skew=max_skew, clock=clock)
     return body
+
+
+async def read_capped(chunks: AsyncIterable[bytes], declared: str | None, limit: int = MAX_BODY_BYTES) -> bytes | None:
+    """A body read from `chunks`, or None when it is over `limit` bytes: by its declared
+    Content-Length, before a byte is read, or as soon as more came than the limit."""
+    if declared and declared.isdigit() and int(declared) > limit:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:

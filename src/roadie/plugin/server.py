@@ -549,7 +549,7 @@ class _Endpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        body = await _read_capped(request, protocol.MAX_BODY_BYTES)
+        body = await protocol.read_capped(request.stream(), request.headers.get("content-length"))
         if body is None:
             reply = Reply(413, protocol.error_body(f"request body over the limit of {protocol.MAX_BODY_BYTES} bytes"))
         else:
@@ -568,22 +568,6 @@ class _Endpoint:
             # and the client sees a broken response, exactly like a crash after acting.
             raise AnswerDropped()
         await send({"type": "http.response.body", "body": content})
-
-
-async def _read_capped(request: Request, limit: int) -> bytes | None:
-    """The request's body, or None when it is over `limit` bytes: by its Content-Length,
-    before a byte is read, or as soon as more came."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def serve_module(

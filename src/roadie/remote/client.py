@@ -195,7 +195,7 @@ class PushTransport:
                 self.clock.timeout(deadline),
                 self.client.stream(method, path, content=raw, headers=headers) as response,
             ):
-                answer = await _read_capped(response, protocol.MAX_BODY_BYTES)
+                answer = await protocol.read_capped(response.aiter_bytes(), response.headers.get("content-length"))
         except TimeoutError as exc:
             raise StepTimeout(f"{self.name}: no answer from {self.settings.url} within {deadline:g}s") from exc
         except httpx.ConnectError as exc:
@@ -231,22 +231,6 @@ class PushTransport:
 
     async def close(self) -> None:
         await self.client.aclose()
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
-    """The answer's body, or None once it is over `limit` bytes (by its Content-Length,
-    before reading, or as it comes)."""
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class _NotJSON(str):

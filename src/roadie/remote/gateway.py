@@ -81,7 +81,9 @@ class Gateway:
         secret = self.secrets.get(module)
         if secret is None:
             raise _Refused(401, f"no remote module {module!r} is configured here")
-        body = await _read_capped(request, protocol.MAX_BODY_BYTES)
+        body = await protocol.read_capped(request.stream(), request.headers.get("content-length"))
+        if body is None:
+            raise _Refused(413, f"request body over the limit of {protocol.MAX_BODY_BYTES} bytes")
         now = time.time()
         try:
             signed = protocol.verify(
@@ -243,22 +245,6 @@ class Server(uvicorn.Server):
         if queue is not None:
             queue.close()
         await super().shutdown(sockets=sockets)
-
-
-async def _read_capped(request: Request, limit: int) -> bytes:
-    """The request's body, refused (413) by its Content-Length before a byte is read, or as
-    soon as more than `limit` bytes came."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _Refused(413, f"request body of {int(declared)} bytes is over the limit of {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _Refused(413, f"request body over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def _disconnected(request: Request) -> None:
