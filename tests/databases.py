@@ -24,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,8 @@ class Database:
     def fresh(self, home: Path) -> str:
         if self.backend == "sqlite":
             return f"sqlite:///{home / 'roadie.db'}"
+        if self.backend == "pgbouncer" and _bouncer is not None:
+            _bouncer.ensure_running()
         name = f"roadie_{secrets.token_hex(6)}"
         asyncio.run(_admin(self._admin_url, f"CREATE DATABASE {name}"))
         self.made.append(name)
@@ -120,6 +123,52 @@ def is_pooled(url: str) -> bool:
     """Whether `url` reaches its server through the PgBouncer these tests started."""
     bouncer = SERVERS.get("pgbouncer")
     return bouncer is not None and make_url(url).port == make_url(bouncer).port
+
+
+class _Bouncer:
+    """The PgBouncer process these tests run. Should it die (it did once in CI, midway,
+    and the logs were gone with its folder), it is started again on its port, and the test
+    that found it dead fails with its logs' tail, instead of every later test of the
+    backend failing with "connection refused" and nothing to say why."""
+
+    def __init__(self, argv: list[str], home: Path, port: int) -> None:
+        self.argv, self.home, self.port = argv, home, port
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        # Its stderr goes to a file: a pipe nobody reads fills up, and PgBouncer then blocks.
+        with (self.home / "stderr.log").open("ab") as stderr:
+            process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited {process.returncode}: {self._said()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return process
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("pgbouncer did not listen within 30 s")
+
+    def _said(self) -> str:
+        said = [(self.home / name).read_text(errors="replace")[-800:] for name in ("stderr.log", "pgbouncer.log")]
+        return " | ".join(s for s in said if s.strip()) or "(nothing in its logs)"
+
+    def ensure_running(self) -> None:
+        if self.process.poll() is None:
+            return
+        ended, said = self.process.returncode, self._said()
+        self.process = self._start()
+        # An error under the suite's filterwarnings: the test that found it fails, naming it.
+        warnings.warn(f"pgbouncer had exited ({ended}); started again. Its logs: {said}", stacklevel=2)
+
+    def stop(self) -> None:
+        self.process.kill()  # nothing of its own to keep: the server holds the data
+        self.process.wait(10)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+_bouncer: _Bouncer | None = None
 
 
 def _start_pgbouncer(server_url: str) -> str:
@@ -151,28 +200,9 @@ def _start_pgbouncer(server_url: str) -> str:
     argv = [binary, str(home / "pgbouncer.ini")]
     if os.geteuid() == 0:
         argv[1:1] = ["-u", "postgres"]  # it refuses to run as root
-    # Its stderr goes to a file: a pipe nobody reads fills up, and PgBouncer then blocks.
-    with (home / "stderr.log").open("wb") as stderr:
-        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
-
-    def stop() -> None:
-        process.kill()  # nothing of its own to keep: the server holds the data
-        process.wait(10)
-        shutil.rmtree(home, ignore_errors=True)
-
-    atexit.register(stop)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            said = (home / "stderr.log").read_text(errors="replace")[-500:]
-            raise RuntimeError(f"pgbouncer exited {process.returncode}: {said}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        raise RuntimeError("pgbouncer did not listen within 30 s")
+    global _bouncer
+    _bouncer = _Bouncer(argv, home, port)
+    atexit.register(_bouncer.stop)
     # Transaction pooling: no statement prepared on one server connection is there on the
     # next (docs/deploy.md, "Behind PgBouncer").
     bouncer = server.set(host="127.0.0.1", port=port).update_query_dict({"prepare_threshold": "none"})
