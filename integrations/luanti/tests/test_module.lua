@@ -178,12 +178,7 @@ do
   })
 
   local function header(request, name)
-    for _, line in ipairs(request.headers) do
-      local n, v = line:match("^([^:]+): (.*)$")
-      if n and n:lower() == name:lower() then
-        return v
-      end
-    end
+    return checks.header(request.headers, name)
   end
   local seen, requests, well_signed = {}, 0, true
   -- The oldest request sent to `path`, checked as the gateway checks it, and taken.

@@ -166,14 +166,7 @@ check(protocol.secret_list("  ") == nil and protocol.secret_list({}) == nil and 
   "no secret is refused")
 
 -- The headers of the doc's request, as it shows them.
-local function header(lines, name)
-  for _, line in ipairs(lines) do
-    local n, v = line:match("^([^:]+): (.*)$")
-    if n and n:lower() == name:lower() then
-      return v
-    end
-  end
-end
+local header = checks.header
 local lines, id = protocol.headers(whsec, "sandbox", request.path or "", body, 1767225600, "run7-spawn_orcs",
   request.id)
 check(id == request.id and header(lines, "webhook-id") == request.id and header(lines, "webhook-timestamp")
