@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
 from roadie.definitions import EventDefinition
 from roadie.definitions.catalogue import catalogue
@@ -48,6 +49,15 @@ def _world_words(row: ResourceRow) -> str:
 
 
 templates.env.filters["world_words"] = _world_words
+
+
+def _state(value: str) -> Markup:
+    """A state's badge. A function rather than a Jinja macro: a run page draws one per
+    step, and a macro call costs several times a function's."""
+    return Markup('<span class="state s-{}">{}</span>').format(value, str(value).replace("_", " "))
+
+
+templates.env.globals["state"] = _state
 
 
 def _left_in_world(resources: list[ResourceRow], newest: int = 3) -> dict[str, Any]:
