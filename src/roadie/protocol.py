@@ -255,7 +255,7 @@ def verify(
     raise SignatureRefused("wrong signature: not made with this module's secret over this method, path and body")
 
 
-REPLAYED = "replayed request: its {header} was seen before"
+REPLAYED = f"replayed request: its {H_ID} was seen before"
 
 
 # -- answers -------------------------------------------------------------------------------

@@ -202,7 +202,7 @@ class ModuleServer:
             )
             await self.open()
             if not self.ledger.first_sight(signed.id, signed.sent + self.max_skew):
-                raise protocol.SignatureRefused(protocol.REPLAYED.format(header=protocol.H_ID))
+                raise protocol.SignatureRefused(protocol.REPLAYED)
         except protocol.SignatureRefused as exc:
             log.info("request refused", module=self.module.name, path=path, reason=exc.message)
             return Reply(401, protocol.error_body(exc.message))

@@ -93,7 +93,7 @@ class Gateway:
             raise _Refused(401, exc.message) from exc
         kept_until = datetime.fromtimestamp(signed.sent + self.max_skew, UTC)
         if not await self.queue.calls.first_sight(module, signed.id, kept_until, datetime.fromtimestamp(now, UTC)):
-            raise _Refused(401, protocol.REPLAYED.format(header=protocol.H_ID))
+            raise _Refused(401, protocol.REPLAYED)
         return module, body, signed.id
 
     @staticmethod
