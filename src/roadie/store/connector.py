@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Self
@@ -72,13 +73,14 @@ class Connector:
         store = cls(engine)
         if migrate_schema:
             try:
+                await asyncio.to_thread(dialects.journal_file_to_wal, engine.url)
                 await store.migrate()
             except dialects.MigrationLockHeld as exc:
                 await engine.dispose()
                 raise StoreError(
                     f"cannot migrate the database {engine.url.render_as_string(hide_password=True)}: {exc}"
                 ) from exc
-            except (DBAPIError, OSError) as exc:
+            except (DBAPIError, OSError, sqlite3.Error) as exc:
                 await engine.dispose()
                 where = "its folder exists and may be written" if store.dialect == "sqlite" else "its server is up"
                 raise StoreError(
