@@ -8,6 +8,7 @@ session's CSRF token; after a form the browser is redirected (POST, redirect, GE
 from __future__ import annotations
 
 import difflib
+import functools
 import hmac
 import json
 import secrets
@@ -30,7 +31,7 @@ from roadie.web import auth, service
 from roadie.web.api import RowId
 from roadie.web.auth import COOKIE, Principal, require, state_of
 from roadie.web.live import ANY_RUN, watch_events
-from roadie.web.timeline import layout
+from roadie.web.timeline import draw, layout
 from roadie.web.tokens import Role
 
 router = APIRouter(include_in_schema=False)
@@ -51,13 +52,16 @@ def _world_words(row: ResourceRow) -> str:
 templates.env.filters["world_words"] = _world_words
 
 
+@functools.lru_cache(maxsize=256)
 def _state(value: str) -> Markup:
     """A state's badge. A function rather than a Jinja macro: a run page draws one per
-    step, and a macro call costs several times a function's."""
+    step, and a macro call costs several times a function's. There are few states, so
+    each badge is made once."""
     return Markup('<span class="state s-{}">{}</span>').format(value, str(value).replace("_", " "))
 
 
 templates.env.globals["state"] = _state
+templates.env.globals["draw_timeline"] = draw
 
 
 def _left_in_world(resources: list[ResourceRow], newest: int = 3) -> dict[str, Any]:

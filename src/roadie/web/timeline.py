@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from markupsafe import Markup, escape
+
 from roadie.store.rows import RunRow, StepRow
 
 WIDTH = 960
@@ -78,6 +80,44 @@ class Timeline:
     ticks: list[Tick]
     now_x: float | None
     span: float
+
+
+def draw(t: Timeline) -> Markup:
+    """The timeline as an SVG element. Written here rather than in a template: a run page
+    draws several elements per step, and Jinja escaping each number costs more than the
+    rest of the page's markup together. Every text is escaped; numbers need not be."""
+    out = [
+        f'<svg class="timeline" viewBox="0 0 {t.width} {t.height}" width="100%" role="img" '
+        'aria-label="timeline of the run\'s phases and steps">'
+    ]
+    for index, b in enumerate(t.bands, start=1):
+        label = escape(b.label)
+        out.append(f'<rect x="0" y="{b.y}" width="{t.width}" height="{b.height}" class="band{index % 2}"/>')
+        out.append(f'<text x="8" y="{b.y + 17}" class="phase">{label}</text>')
+        for w in b.waits:
+            out.append(
+                f'<rect x="{w.x:.1f}" y="{b.y + 8}" width="{w.width:.1f}" height="10" rx="3" '
+                f'fill="{w.colour}" opacity="0.6"><title>{label} — {escape(w.title)}</title></rect>'
+            )
+    for k in t.ticks:
+        out.append(f'<line x1="{k.x}" y1="18" x2="{k.x}" y2="{t.height}" class="tick"/>')
+        out.append(f'<text x="{k.x}" y="13" class="axis" text-anchor="middle">{escape(k.label)}</text>')
+    for r in t.rows:
+        label = escape(r.label)
+        out.append(f'<text x="20" y="{r.y + 16}" class="step">{escape(r.label[:28])}</text>')
+        for s in r.segments:
+            out.append(
+                f'<rect x="{s.x:.1f}" y="{r.y + 5}" width="{s.width:.1f}" height="14" rx="3" '
+                f'fill="{s.colour}"><title>{label} — {escape(s.title)}</title></rect>'
+            )
+        if r.note:
+            last = r.segments[-1] if r.segments else None
+            at = (last.x + last.width + 6) if last else t.label_width
+            out.append(f'<text x="{at:.1f}" y="{r.y + 16}" class="note">{escape(r.note)}</text>')
+    if t.now_x:
+        out.append(f'<line x1="{t.now_x}" y1="18" x2="{t.now_x}" y2="{t.height}" class="now"/>')
+    out.append("</svg>")
+    return Markup("\n".join(out))
 
 
 def _parse(value: object) -> datetime | None:
