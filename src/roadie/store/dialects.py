@@ -17,6 +17,7 @@ from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from roadie.errors import ConfigError, StoreError
+from roadie.store import sqlite_driver
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +61,8 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs.setdefault("isolation_level", "READ COMMITTED")
     if backend == "postgresql":
         url = _take_prepare_threshold(url, kwargs)
+    if backend == "sqlite":
+        kwargs.setdefault("module", sqlite_driver.dbapi())
     try:
         engine = create_async_engine(async_url(url), **kwargs)
     except ImportError as exc:  # the driver is an extra: `postgresql` or `mariadb`
