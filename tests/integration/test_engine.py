@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from tests.conftest import Crash, Harness
 
 from roadie.engine import Engine, EngineOptions
 from roadie.errors import DefinitionError, StoreError
+from roadie.states import STEP_KIND
+from roadie.store import tables
 
 
 def probe_event(steps: str, *, duration: str = "0s", cleanup: str = "auto", event_id: str = "engine") -> str:
@@ -574,3 +577,35 @@ phases:
             assert steps["say"].params["message"] == str(run.id)
 
     harness.run(body)
+
+
+@pytest.mark.parametrize("ahead", [1, 0])
+def test_a_slot_an_answer_frees_is_filled_before_the_answer_is_recorded(harness: Harness, ahead: int) -> None:
+    """Issue 14: a worker holds `claim_ahead` steps claimed beyond its concurrency, their
+    ledger rows reserved like any other's, so the slot an answer frees is dispatched again
+    at once instead of two commits later (record the answer, claim the next). Without it
+    (`claim_ahead=0`) each dispatch waits for the answer before it to be recorded."""
+    harness.options = EngineOptions(seed=1, concurrency=1, claim_ahead=ahead)
+    order: list[str] = []
+    harness.write_points.extra = lambda name: order.append(name) if name == "record_outcomes" else None
+
+    async def observe(call: Any) -> None:
+        order.append("dispatch")
+        # Every step's placeholder was committed before its dispatch, ahead or not.
+        placeholders = await harness.peek(tables.run_resources.c.step_id, tables.run_resources.c.kind)
+        assert (call.step_id, STEP_KIND) in placeholders
+
+    async def body() -> None:
+        harness.probe.observe = observe
+        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(3))
+        run = await harness.start(f"id: ahead\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
+        [done] = await harness.settle(run)
+        assert done.status == "succeeded"
+        assert len(await harness.resources(run, STEP_KIND)) == 3
+        assert harness.probe.max_in_flight == 1  # claimed ahead is not dispatched ahead
+
+    harness.run(body)
+    if ahead:
+        assert order[:3] == ["dispatch", "dispatch", "record_outcomes"]
+    else:
+        assert order[:4] == ["dispatch", "record_outcomes", "dispatch", "record_outcomes"]

@@ -10,6 +10,7 @@ one transaction per batch.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -49,19 +50,24 @@ class Drain(Advance):
         Claims refill the window in batches (when a quarter of it is free, or it is
         empty), and every answer that is in when the worker looks is recorded in one
         transaction: a database commit is the scarce thing, so each one carries as
-        many steps as are ready.
+        many steps as are ready. The window holds a few steps more than are dispatched
+        at once (`claim_ahead`, claimed and their ledger rows reserved like the others):
+        a dispatch slot an answer frees is filled from them at once, instead of after
+        the answer is recorded and the next batch claimed, two commits later.
         """
         inflight: dict[asyncio.Future[Any], Claimed] = {}
+        ahead: deque[Claimed] = deque()  # claimed, not yet dispatched
         heartbeat: asyncio.Task[None] | None = None
         watch: asyncio.Task[None] | None = None  # a look at cancels, while a wait is in flight
         worked = False
-        refill = max(1, self.options.concurrency // 4)
+        window = self.options.concurrency + self._claim_ahead()
+        refill = max(1, window // 4)
         may_have_moved = True  # whether a run may have a phase to begin or an end to reach
         unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
         failures = 0
         try:
             while True:
-                free = self.options.concurrency - len(inflight)
+                free = window - len(inflight) - len(ahead)
                 claimed: list[Claimed] = []
                 if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
                     try:
@@ -87,10 +93,13 @@ class Drain(Advance):
                             )
                             may_have_moved = True
                             continue
-                        inflight[asyncio.create_task(self._dispatch(c))] = c
                         assert c.step.claim_token is not None
-                        self._inflight_ids[c.step.id] = c.step.claim_token
+                        self._inflight_ids[c.step.id] = c.step.claim_token  # its claim is kept alive from now
                         worked = True
+                        if len(inflight) < self.options.concurrency:
+                            inflight[asyncio.create_task(self._dispatch(c))] = c
+                        else:
+                            ahead.append(c)
                     if len(claimed) < free and may_have_moved:
                         # The queue ran dry: the steps that ended may have finished a phase.
                         may_have_moved = False
@@ -125,13 +134,15 @@ class Drain(Advance):
                         except StoreError as exc:  # a claim outlives two missed beats
                             log.warning("heartbeat failed", worker=self.worker_id, error=exc.message)
                     if self._lost:
-                        self._abandon_lost(inflight)
+                        self._abandon_lost(inflight, ahead)
                     if waits and watch is not None and watch.done():
                         unrecorded.extend(await self._cut_cancelled_waits(inflight))
                 finished = [t for t in inflight if t.done()]
                 outcomes: list[Outcome] = [*unrecorded, *(t.result() for t in finished)]
                 for t in finished:
                     self._inflight_ids.pop(inflight.pop(t).step.id, None)
+                # The freed slots are filled before the answers are recorded.
+                outcomes.extend(await self._dispatch_ahead(inflight, ahead))
                 if outcomes:
                     try:
                         await self.store.record_outcomes(outcomes)
@@ -164,7 +175,7 @@ class Drain(Advance):
         finally:
             for task in [*inflight, *([heartbeat] if heartbeat else []), *([watch] if watch else [])]:
                 task.cancel()
-            for c in inflight.values():
+            for c in [*inflight.values(), *ahead]:
                 self._inflight_ids.pop(c.step.id, None)
 
     async def _record_apart(self, outcomes: list[Outcome]) -> list[Outcome]:
@@ -224,16 +235,56 @@ class Drain(Advance):
                 cut.append(Outcome(step=c.step, status=StepStatus.SKIPPED, at=now, error="run cancelled: cut short"))
         return cut
 
-    def _abandon_lost(self, inflight: dict[asyncio.Future[Any], Claimed]) -> None:
-        """Stop the dispatches whose claims another worker has taken over: the step is
-        theirs now, and running it here as well is what claims exist to prevent."""
+    def _abandon_lost(self, inflight: dict[asyncio.Future[Any], Claimed], ahead: deque[Claimed]) -> None:
+        """Stop the dispatches whose claims another worker has taken over, and forget the
+        steps claimed ahead that it has: the step is theirs now, and running it here as
+        well is what claims exist to prevent."""
         for task, c in list(inflight.items()):
             if c.step.id in self._lost:
                 log.warning("claim lost; dispatch abandoned", run_id=c.step.run_id, step_id=c.step.id)
                 task.cancel()
                 del inflight[task]
                 self._inflight_ids.pop(c.step.id, None)
+        for c in [c for c in ahead if c.step.id in self._lost]:
+            log.warning("claim lost before dispatch", run_id=c.step.run_id, step_id=c.step.id)
+            ahead.remove(c)
+            self._inflight_ids.pop(c.step.id, None)
         self._lost.clear()
+
+    async def _dispatch_ahead(
+        self, inflight: dict[asyncio.Future[Any], Claimed], ahead: deque[Claimed]
+    ) -> list[Outcome]:
+        """Dispatch steps claimed ahead into the free slots. A cancel stops every step not
+        yet dispatched, so one whose run is being cancelled is not: it ends skipped, its
+        placeholder resolved with nothing made. Answers those outcomes, to be recorded."""
+        skipped: list[Outcome] = []
+        while ahead and len(inflight) < self.options.concurrency:
+            batch = [ahead.popleft() for _ in range(min(len(ahead), self.options.concurrency - len(inflight)))]
+            try:
+                stopping = await self.store.runs_cancelling(c.step.run_id for c in batch)
+            except StoreError as exc:  # as if the cancel came a moment after the dispatch
+                log.warning("looking for cancelled runs failed", error=exc.message)
+                stopping = set()
+            for c in batch:
+                if c.step.run_id not in stopping:
+                    inflight[asyncio.create_task(self._dispatch(c))] = c
+                    continue
+                self._inflight_ids.pop(c.step.id, None)
+                ledgered = Reversible(c.step.reversible) is Reversible.LEDGER
+                skipped.append(
+                    Outcome(
+                        step=c.step,
+                        status=StepStatus.SKIPPED,
+                        at=self.clock.now(),
+                        error="run cancelled",
+                        resolve_placeholder=ledgered,
+                    )
+                )
+        return skipped
+
+    def _claim_ahead(self) -> int:
+        ahead = self.options.claim_ahead
+        return max(1, self.options.concurrency // 2) if ahead is None else max(0, ahead)
 
     async def heartbeat(self) -> None:
         """Say this worker is alive and extend the claims of what it holds, in one write."""
