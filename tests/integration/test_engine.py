@@ -581,31 +581,72 @@ phases:
 
 @pytest.mark.parametrize("ahead", [1, 0])
 def test_a_slot_an_answer_frees_is_filled_before_the_answer_is_recorded(harness: Harness, ahead: int) -> None:
-    """Issue 14: a worker holds `claim_ahead` steps claimed beyond its concurrency, their
-    ledger rows reserved like any other's, so the slot an answer frees is dispatched again
-    at once instead of two commits later (record the answer, claim the next). Without it
-    (`claim_ahead=0`) each dispatch waits for the answer before it to be recorded."""
-    harness.options = EngineOptions(seed=1, concurrency=1, claim_ahead=ahead)
+    """Issue 14: while a dispatch is still out when the worker claims, it claims
+    `claim_ahead` steps beyond its concurrency, their ledger rows reserved like any
+    other's, so the slot the next answer frees is dispatched again at once instead of
+    two commits later (record the answer, claim the next). With `claim_ahead=0` each
+    dispatch waits for the answer before it to be recorded."""
+    harness.options = EngineOptions(seed=1, concurrency=2, claim_ahead=ahead)
     order: list[str] = []
     harness.write_points.extra = lambda name: order.append(name) if name == "record_outcomes" else None
+    release = asyncio.Event()
 
     async def observe(call: Any) -> None:
         order.append("dispatch")
+        dispatched = order.count("dispatch")
+        if dispatched == 4:
+            release.set()
         # Every step's placeholder was committed before its dispatch, ahead or not.
         placeholders = await harness.peek(tables.run_resources.c.step_id, tables.run_resources.c.kind)
         assert (call.step_id, STEP_KIND) in placeholders
+        if dispatched == 2:  # out while the others come and go
+            await release.wait()
 
     async def body() -> None:
         harness.probe.observe = observe
-        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(3))
+        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(4))
         run = await harness.start(f"id: ahead\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
         [done] = await harness.settle(run)
         assert done.status == "succeeded"
-        assert len(await harness.resources(run, STEP_KIND)) == 3
-        assert harness.probe.max_in_flight == 1  # claimed ahead is not dispatched ahead
+        assert len(await harness.resources(run, STEP_KIND)) == 4
+        assert harness.probe.max_in_flight == 2  # claimed ahead is not dispatched ahead
 
     harness.run(body)
     if ahead:
-        assert order[:3] == ["dispatch", "dispatch", "record_outcomes"]
+        assert order[:6] == ["dispatch", "dispatch", "record_outcomes", "dispatch", "dispatch", "record_outcomes"]
     else:
-        assert order[:4] == ["dispatch", "record_outcomes", "dispatch", "record_outcomes"]
+        assert order[:6] == ["dispatch", "dispatch", "record_outcomes", "dispatch", "record_outcomes", "dispatch"]
+
+
+def test_a_step_claimed_ahead_is_not_dispatched_once_its_run_is_cancelled(harness: Harness) -> None:
+    """Cancel stops every step not yet dispatched, a step claimed ahead included: it ends
+    skipped without reaching the world, and its placeholder resolves with nothing to
+    revert. What was dispatched before the cancel answers and is recorded."""
+    harness.options = EngineOptions(seed=1, concurrency=2, claim_ahead=1)
+    release = asyncio.Event()
+    run_ids: list[int] = []
+
+    async def observe(call: Any) -> None:
+        dispatched = len(harness.probe.calls)
+        if dispatched == 2:  # out while the others come and go
+            await release.wait()
+        if dispatched == 3:  # the fourth step is held ahead by now
+            assert await harness.engine.cancel_run(run_ids[0], actor="ops")
+            release.set()
+
+    async def body() -> None:
+        harness.probe.observe = observe
+        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(4))
+        run = await harness.start(f"id: ahead\ncleanup: auto\nphases:\n  - name: only\n    steps:\n{steps}\n")
+        run_ids.append(run.id)
+        [done] = await harness.settle(run)
+        assert (done.status, done.cleanup_status) == ("cancelled", "complete")
+        s0, s1, s2, s3 = await harness.steps(run)
+        assert [s.status for s in (s0, s1, s2)] == ["succeeded"] * 3
+        assert (s3.status, s3.error) == ("skipped", "run cancelled")
+        assert s3.idempotency_key not in [c.key for c in harness.probe.calls]
+        [placeholder] = [r for r in await harness.resources(run, STEP_KIND) if r.ref == s3.idempotency_key]
+        assert placeholder.state == "resolved"
+        assert harness.probe.reverts == []
+
+    harness.run(body)

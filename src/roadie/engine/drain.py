@@ -50,24 +50,27 @@ class Drain(Advance):
         Claims refill the window in batches (when a quarter of it is free, or it is
         empty), and every answer that is in when the worker looks is recorded in one
         transaction: a database commit is the scarce thing, so each one carries as
-        many steps as are ready. The window holds a few steps more than are dispatched
-        at once (`claim_ahead`, claimed and their ledger rows reserved like the others):
-        a dispatch slot an answer frees is filled from them at once, instead of after
-        the answer is recorded and the next batch claimed, two commits later.
+        many steps as are ready. While dispatches are still out when it claims (the
+        module is slower than a commit), the window holds a few steps more than are
+        dispatched at once (`claim_ahead`, claimed and their ledger rows reserved like
+        the others): a slot an answer frees is filled from them at once, instead of
+        after the answer is recorded and the next batch claimed, two commits later.
+        Answers that are all in by then (a module as fast as a commit) gain nothing from
+        it, and it is not done: holding steps costs a look at cancels before each refill.
         """
         inflight: dict[asyncio.Future[Any], Claimed] = {}
         ahead: deque[Claimed] = deque()  # claimed, not yet dispatched
         heartbeat: asyncio.Task[None] | None = None
         watch: asyncio.Task[None] | None = None  # a look at cancels, while a wait is in flight
         worked = False
-        window = self.options.concurrency + self._claim_ahead()
-        refill = max(1, window // 4)
+        refill = max(1, self.options.concurrency // 4)
         may_have_moved = True  # whether a run may have a phase to begin or an end to reach
         unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
         failures = 0
         try:
             while True:
-                free = window - len(inflight) - len(ahead)
+                slow = any(not t.done() for t in inflight)
+                free = self.options.concurrency + (self._claim_ahead() if slow else 0) - len(inflight) - len(ahead)
                 claimed: list[Claimed] = []
                 if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
                     try:
