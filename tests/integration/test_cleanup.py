@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -421,5 +422,41 @@ def test_a_cleanup_of_a_run_the_planner_does_not_know_of_freshens_its_statistics
         assert not await harness.store.freshen_ledger_statistics(run.id)  # pg_class knows of it now
         report = await harness.engine.clean_up(run.id)
         assert (report.status, report.reverted) == ("complete", 8)
+
+    harness.run(body)
+
+
+def test_a_cleanup_holds_no_more_memory_for_a_run_of_many_steps(harness: Harness) -> None:
+    """Issue 14 (memory bounded): a cleanup reads a run's ledger a page at a time, and
+    never its frozen definition, which grows with the run's steps (to megabytes). A run
+    of 3000 steps, one of which made something: its cleanup's peak of Python memory is
+    a fraction of what decoding that definition alone takes."""
+    quiet = "\n".join(f"      - {{action: probe.make, name: quiet{i}, with: {{answer: []}}}}" for i in range(3000))
+    text = f"""
+id: wide
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: probe.make
+        name: maker
+        with: {{answer: [{{kind: thing, ref: one}}]}}
+{quiet}
+"""
+
+    async def body() -> None:
+        run = await harness.start(text)
+        await harness.settle(run, max_ticks=10_000)
+        whole = await harness.get_run(run)
+        tracemalloc.start()
+        json.loads(json.dumps(whole.definition))
+        _, decoding = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        current, _ = tracemalloc.get_traced_memory()
+        report = await harness.engine.clean_up(run.id, actor="ops")
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert (report.status, report.reverted) == ("complete", 1)
+        assert peak - current < decoding / 3, (peak - current, decoding)
 
     harness.run(body)

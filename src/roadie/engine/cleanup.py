@@ -310,7 +310,7 @@ class Cleanup:
         A module with more to revert than its cap holds the cleanup (`held`) until a
         person runs it with `confirm`, which is audited with the counts.
         """
-        run = await self.store.get_run(run_id)
+        run = await self.store.get_run(run_id, definition=False)
         if member_key is None and not RunStatus(run.status).terminal:
             raise InvalidState(f"run {run_id} is {run.status}; cancel it first, or clean up one member with --member")
         claim = CleanupClaim(run_id, mint_token(self.incarnation), self.claim_ttl)
