@@ -650,3 +650,18 @@ def test_a_step_claimed_ahead_is_not_dispatched_once_its_run_is_cancelled(harnes
         assert harness.probe.reverts == []
 
     harness.run(body)
+
+
+def test_an_event_file_longer_than_64_kb_is_stored_whole(harness: Harness) -> None:
+    """An event file may hold 4,000,000 characters; MariaDB's TEXT column held 65,535
+    bytes and refused a longer one with the database's own error. Its text is stored and
+    read back whole on every database."""
+    padding = "\n".join(f"# {'é' * 60} line {i}" for i in range(2000))  # 2-byte characters: ~250 KB
+    text = f"id: long\ncleanup: manual\nphases:\n  - name: only\n    steps:\n      - action: probe.make\n{padding}\n"
+
+    async def body() -> None:
+        stored = await harness.apply(text)
+        assert len(text.encode()) > 200_000
+        assert (await harness.store.get_event("long", stored.version)).source == text
+
+    harness.run(body)

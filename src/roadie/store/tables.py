@@ -33,6 +33,7 @@ from sqlalchemy.types import TypeDecorator
 # MariaDB's DATETIME keeps whole seconds unless told otherwise; backoff, claims and the
 # order of events need microseconds.
 PRECISE_DATETIME = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -81,7 +82,8 @@ events = Table(
     Column("version", Integer, nullable=False),
     Column("title", String(200), nullable=False, default=""),
     Column("definition", JSON, nullable=False),
-    Column("source", Text, nullable=False),
+    # An event file may hold 4,000,000 characters; MariaDB's TEXT holds 65,535 bytes.
+    Column("source", LONG_TEXT, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("created_by", String(100), nullable=False),
     UniqueConstraint("event_id", "version"),
