@@ -27,9 +27,10 @@ Observer = Callable[[str, dict[str, Any]], None]
 @dataclass
 class EngineOptions:
     concurrency: int = 32
-    # Steps claimed beyond `concurrency`, held ready to dispatch: a slot an answer frees is
-    # filled at once, while the answer is recorded and more are claimed. None: half of
-    # `concurrency` (at least one); 0: none (a freed slot waits for a record and a claim).
+    # Steps claimed beyond `concurrency` while dispatches are still out, held ready: a slot
+    # an answer frees is filled at once, while the answer is recorded and more are claimed.
+    # None: half of `concurrency` (at least one); 0: none (a freed slot waits for a record
+    # and a claim).
     claim_ahead: int | None = None
     claim_ttl: float = 60.0  # a worker that stops heartbeating loses its claims after this
     poll_interval: float = 1.0

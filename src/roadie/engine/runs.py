@@ -71,8 +71,6 @@ async def start_runs(
             raise DefinitionError([Problem(event.event_id, None, where, str(exc))]) from exc
         same = json.dumps(resolved, sort_keys=True, default=str)
         if same not in rendered:
-            # Off the event loop: a worker's or the web server's other work goes on while
-            # an event's templates render (each render is bounded in time and size).
             if in_thread:
                 # Off the event loop: the loop's other work goes on while an event's
                 # templates render (each render is bounded in time and size).
