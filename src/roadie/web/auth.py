@@ -125,19 +125,23 @@ async def identify(request: Request) -> Principal | None:
         row = await check_token(state, credential)
         return Principal(row, "bearer") if row is not None else None
     cookie = request.cookies.get(COOKIE)
-    if cookie:
-        session_id = _unsign(state, cookie)
-        if session_id is not None:
-            known = _session_hash(session_id)
-            principal: Principal | None = state.sessions.get(known)
-            if principal is not None:
-                return principal
-            session = await state.store.get_session(known, state.clock.now())
-            if session is not None:
-                principal = Principal(session.token, "session", session.csrf)
-                state.sessions.put(known, principal)
-                return principal
-    return None
+    if not cookie:
+        return None
+    # Kept by the hash of the cookie as sent: a cookie checked a moment ago needs neither
+    # its signature checked again nor its session read.
+    seen = _session_hash(cookie)
+    principal: Principal | None = state.sessions.get(seen)
+    if principal is not None:
+        return principal
+    session_id = _unsign(state, cookie)
+    if session_id is None:
+        return None
+    session = await state.store.get_session(_session_hash(session_id), state.clock.now())
+    if session is None:
+        return None
+    principal = Principal(session.token, "session", session.csrf)
+    state.sessions.put(seen, principal)
+    return principal
 
 
 async def _check_csrf(request: Request, principal: Principal) -> None:

@@ -81,7 +81,7 @@ class WebState:
     broker: Broker
     worker_task: asyncio.Task[Any] | None = None
     # Credentials checked a moment ago (`WebOptions.credentials_ttl`), by the hash of the
-    # token or session id: a revocation or a sign-out here empties them at once; another
+    # token or session cookie: a revocation or a sign-out here empties them at once; another
     # server process sees it within that moment.
     tokens: Recent[str, TokenRow] = field(init=False)
     sessions: Recent[str, Any] = field(init=False)  # of `auth.Principal`, which imports this module
