@@ -11,10 +11,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store.connector import Connector
-from roadie.store.rows import (
-    AuditRow,
-    from_row,
-)
+from roadie.store.rows import AuditRow, from_rows
 from roadie.store.tables import (
     audit,
 )
@@ -57,7 +54,7 @@ class AuditQueries(Connector):
             query = query.where(audit.c.at < until)
 
         async def work(conn: AsyncConnection) -> list[AuditRow]:
-            return [from_row(AuditRow, r) for r in await conn.execute(query)]
+            return from_rows(AuditRow, await conn.execute(query))
 
         result: list[AuditRow] = await self._read(work)
         return result

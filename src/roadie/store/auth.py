@@ -15,11 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from roadie.errors import InvalidState, NotFound
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector
-from roadie.store.rows import (
-    SessionRow,
-    TokenRow,
-    from_row,
-)
+from roadie.store.rows import SessionRow, TokenRow, from_row, from_rows
 from roadie.store.tables import (
     api_tokens,
     web_sessions,
@@ -53,7 +49,7 @@ class AuthQueries(Connector):
         query = select(api_tokens).order_by(api_tokens.c.id).limit(limit).offset(offset)
 
         async def work(conn: AsyncConnection) -> list[TokenRow]:
-            return [from_row(TokenRow, r) for r in await conn.execute(query)]
+            return from_rows(TokenRow, await conn.execute(query))
 
         result: list[TokenRow] = await self._read(work)
         return result

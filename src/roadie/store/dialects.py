@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import structlog
 from sqlalchemy import Connection, Insert, Select, Table, event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -44,6 +47,24 @@ def async_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+# Nineteen digits in a row may be an integer past 64 bits, which orjson reads as a float.
+_LONG_DIGITS = re.compile(r"\d{19}")
+_LONG_DIGITS_BYTES = re.compile(rb"\d{19}")
+
+
+def json_loads(text: str | bytes) -> Any:
+    """A JSON column's value: orjson, which takes a quarter of json's time, unless the text
+    holds what orjson reads otherwise or refuses (an integer past 64 bits, which it makes
+    a float; NaN and infinities): json reads those exactly, as it always has."""
+    found = _LONG_DIGITS.search(text) if isinstance(text, str) else _LONG_DIGITS_BYTES.search(text)
+    if found is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """The engine for an operator's URL; a URL that names no database Roadie speaks is a
     `ConfigError` saying which it does."""
@@ -63,6 +84,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         url = _take_prepare_threshold(url, kwargs)
     if backend == "sqlite":
         kwargs.setdefault("module", sqlite_driver.dbapi())
+    kwargs.setdefault("json_deserializer", json_loads)
     try:
         engine = create_async_engine(async_url(url), **kwargs)
     except ImportError as exc:  # the driver is an extra: `postgresql` or `mariadb`

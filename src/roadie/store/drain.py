@@ -32,10 +32,7 @@ from roadie.store import dialects
 from roadie.store.connector import Connector, aware, chunks
 from roadie.store.ledger import live_holders, mark_dirty, record_resources
 from roadie.store.records import Claimed, Outcome
-from roadie.store.rows import (
-    StepRow,
-    from_row,
-)
+from roadie.store.rows import StepRow, from_row, from_rows
 from roadie.store.runs import fail_runs
 from roadie.store.tables import (
     LIVE_STATES,
@@ -105,7 +102,7 @@ class DrainQueries(Connector):
                     return []
                 await conn.execute(update(steps).where(steps.c.id.in_(ids)).values(**values))
                 rows = (await conn.execute(select(steps).where(steps.c.id.in_(ids)))).all()
-            claimed = sorted((Claimed(from_row(StepRow, r)) for r in rows), key=lambda c: c.step.id)
+            claimed = sorted((Claimed(step) for step in from_rows(StepRow, rows)), key=lambda c: c.step.id)
             if claimed:
                 await self._reserve(conn, claimed, now)
             return claimed
@@ -404,7 +401,7 @@ class DrainQueries(Connector):
         )
 
         async def work(conn: AsyncConnection) -> list[StepRow]:
-            return [from_row(StepRow, r) for r in await conn.execute(query)]
+            return from_rows(StepRow, await conn.execute(query))
 
         result: list[StepRow] = await self._read(work)
         return result
@@ -439,9 +436,7 @@ class DrainQueries(Connector):
         async def work(conn: AsyncConnection) -> list[StepRow]:
             found: list[StepRow] = []
             for chunk in chunks(step_ids):
-                found.extend(
-                    from_row(StepRow, r) for r in await conn.execute(select(steps).where(steps.c.id.in_(list(chunk))))
-                )
+                found.extend(from_rows(StepRow, await conn.execute(select(steps).where(steps.c.id.in_(list(chunk))))))
             return found
 
         result: list[StepRow] = await self._read(work)

@@ -15,10 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from roadie.errors import NotFound
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector
-from roadie.store.rows import (
-    EventRow,
-    from_row,
-)
+from roadie.store.rows import EventRow, from_row, from_rows
 from roadie.store.tables import (
     events,
 )
@@ -85,7 +82,7 @@ class EventQueries(Connector):
         )
 
         async def work(conn: AsyncConnection) -> list[EventRow]:
-            return [from_row(EventRow, r) for r in await conn.execute(query)]
+            return from_rows(EventRow, await conn.execute(query))
 
         result: list[EventRow] = await self._read(work)
         return result
@@ -97,7 +94,7 @@ class EventQueries(Connector):
         query = select(events).where(of_it).order_by(events.c.version.desc()).limit(limit).offset(offset)
 
         async def work(conn: AsyncConnection) -> list[EventRow]:
-            found = [from_row(EventRow, r) for r in await conn.execute(query)]
+            found = from_rows(EventRow, await conn.execute(query))
             if not found and (
                 offset == 0 or (await conn.execute(select(events.c.id).where(of_it).limit(1))).first() is None
             ):

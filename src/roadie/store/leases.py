@@ -22,10 +22,7 @@ from roadie.states import (
 from roadie.store.cleanups import fence_cleanup, reverted
 from roadie.store.connector import Connector, aware
 from roadie.store.records import CleanupClaim
-from roadie.store.rows import (
-    ResourceRow,
-    from_row,
-)
+from roadie.store.rows import ResourceRow, from_rows
 from roadie.store.tables import (
     LIVE_STATES,
     run_resources,
@@ -87,7 +84,7 @@ class LeaseQueries(Connector):
         )
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
-            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+            return from_rows(ResourceRow, await conn.execute(query))
 
         result: list[ResourceRow] = await self._read(work)
         return result
@@ -203,7 +200,7 @@ class LeaseQueries(Connector):
         )
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
-            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+            return from_rows(ResourceRow, await conn.execute(query))
 
         result: list[ResourceRow] = await self._read(work)
         return result

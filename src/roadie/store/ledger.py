@@ -25,11 +25,7 @@ from roadie.store import dialects
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
 from roadie.store.records import LiveGroup, NewResource, Outcome
-from roadie.store.rows import (
-    ResourceRow,
-    StepRow,
-    from_row,
-)
+from roadie.store.rows import ResourceRow, StepRow, from_row, from_rows
 from roadie.store.tables import (
     LIVE_STATES,
     run_resources,
@@ -103,7 +99,7 @@ class LedgerQueries(Connector):
             query = query.where(run_resources.c.state == state.value)
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
-            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+            return from_rows(ResourceRow, await conn.execute(query))
 
         result: list[ResourceRow] = await self._read(work)
         return result
@@ -123,7 +119,7 @@ class LedgerQueries(Connector):
         query = select(run_resources).where(*conditions).order_by(run_resources.c.id).limit(limit)
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
-            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+            return from_rows(ResourceRow, await conn.execute(query))
 
         result: list[ResourceRow] = await self._read(work)
         return result
@@ -189,7 +185,7 @@ class LedgerQueries(Connector):
             query = query.where(run_resources.c.id < before)
 
         async def work(conn: AsyncConnection) -> list[ResourceRow]:
-            return [from_row(ResourceRow, r) for r in await conn.execute(query)]
+            return from_rows(ResourceRow, await conn.execute(query))
 
         result: list[ResourceRow] = await self._read(work)
         return result
@@ -218,7 +214,7 @@ class LedgerQueries(Connector):
                         .order_by(run_resources.c.id.desc())
                         .limit(newest)
                     )
-                    rows = [from_row(ResourceRow, r) for r in await conn.execute(query)]
+                    rows = from_rows(ResourceRow, await conn.execute(query))
                 groups.append(LiveGroup(owner, kind, int(n), rows))
             return groups
 

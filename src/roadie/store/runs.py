@@ -29,13 +29,7 @@ from roadie.store.audit import audit_entry, record_audit
 from roadie.store.connector import Connector, chunks
 from roadie.store.notify import notify_runs
 from roadie.store.records import NewRun, PhaseCounts, RunMove
-from roadie.store.rows import (
-    EventRow,
-    ResourceRow,
-    RunRow,
-    StepRow,
-    from_row,
-)
+from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow, from_row, from_rows
 from roadie.store.tables import (
     audit,
     run_resources,
@@ -157,11 +151,11 @@ class RunQueries(Connector):
             row = (await conn.execute(_VIEW_RUN, given)).first()
             if row is None:
                 raise NotFound(f"no run {run_id}")
-            found = [from_row(StepRow, r) for r in await conn.execute(_VIEW_STEPS, given)]
+            found = from_rows(StepRow, await conn.execute(_VIEW_STEPS, given))
             return (
                 from_row(RunRow, row),
                 found,
-                [from_row(ResourceRow, r) for r in await conn.execute(_VIEW_ROWS, given)],
+                from_rows(ResourceRow, await conn.execute(_VIEW_ROWS, given)),
             )
 
         result: tuple[RunRow, list[StepRow], list[ResourceRow]] = await self._read(work)
@@ -177,7 +171,7 @@ class RunQueries(Connector):
             query = query.where(runs.c.event_id == event_id)
 
         async def work(conn: AsyncConnection) -> list[RunRow]:
-            return [from_row(RunRow, r) for r in await conn.execute(query)]
+            return from_rows(RunRow, await conn.execute(query))
 
         result: list[RunRow] = await self._read(work)
         return result

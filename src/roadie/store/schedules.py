@@ -16,11 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from roadie.store import dialects
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector
-from roadie.store.rows import (
-    EventRow,
-    ScheduleRow,
-    from_row,
-)
+from roadie.store.rows import EventRow, ScheduleRow, from_row
 from roadie.store.tables import (
     audit,
     events,
