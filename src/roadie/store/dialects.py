@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -48,18 +47,20 @@ def async_url(url: str) -> str:
 
 
 # Nineteen digits in a row may be an integer past 64 bits, which orjson reads as a float.
-_LONG_DIGITS = re.compile(r"\d{19}")
-_LONG_DIGITS_BYTES = re.compile(rb"\d{19}")
+# Looked for by turning every digit into a 0 (bytes.translate: a regular expression takes
+# four times as long as orjson's whole decoding).
+_DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_DIGITS = b"0" * 19
 
 
 def json_loads(text: str | bytes) -> Any:
-    """A JSON column's value: orjson, which takes a quarter of json's time, unless the text
+    """A JSON column's value: orjson, which takes a third of json's time, unless the text
     holds what orjson reads otherwise or refuses (an integer past 64 bits, which it makes
     a float; NaN and infinities): json reads those exactly, as it always has."""
-    found = _LONG_DIGITS.search(text) if isinstance(text, str) else _LONG_DIGITS_BYTES.search(text)
-    if found is None:
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    if _NINETEEN_DIGITS not in raw.translate(_DIGITS_AS_ZEROS):
         try:
-            return orjson.loads(text)
+            return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
     return json.loads(text)

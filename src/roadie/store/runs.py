@@ -45,7 +45,14 @@ _VIEW_RUN = select(runs).where(runs.c.id == bindparam("run_id"))
 # for reads that need only its state.
 _RUN_STATE = [c for c in runs.c if c.name != "definition"]
 _VIEW_RUN_BARE = select(*_RUN_STATE).where(runs.c.id == bindparam("run_id"))
-_VIEW_STEPS = select(steps).where(steps.c.run_id == bindparam("run_id")).order_by(steps.c.phase, steps.c.seq)
+# A step's parameters, retry policy and answer, which a run's page does not show and
+# which may be large (a module's answer): left unread by run_view.
+_STEP_DETAIL: dict[str, Any] = {"params": {}, "retry": {}, "output": None}
+_VIEW_STEPS = (
+    select(*(c for c in steps.c if c.name not in _STEP_DETAIL))
+    .where(steps.c.run_id == bindparam("run_id"))
+    .order_by(steps.c.phase, steps.c.seq)
+)
 _VIEW_ROWS = select(run_resources).where(run_resources.c.run_id == bindparam("run_id")).order_by(run_resources.c.id)
 
 
@@ -144,14 +151,15 @@ class RunQueries(Connector):
 
     async def run_view(self, run_id: int) -> tuple[RunRow, list[StepRow], list[ResourceRow]]:
         """A run with its steps (in order) and its ledger rows (oldest first), read in one
-        transaction: one consistent view, for a page that shows all three."""
+        transaction: one consistent view, for a page that shows all three. The steps come
+        without their parameters, retry policy and answer (answered empty)."""
 
         async def work(conn: AsyncConnection) -> tuple[RunRow, list[StepRow], list[ResourceRow]]:
             given = {"run_id": run_id}
             row = (await conn.execute(_VIEW_RUN, given)).first()
             if row is None:
                 raise NotFound(f"no run {run_id}")
-            found = from_rows(StepRow, await conn.execute(_VIEW_STEPS, given))
+            found = from_rows(StepRow, await conn.execute(_VIEW_STEPS, given), **_STEP_DETAIL)
             return (
                 from_row(RunRow, row),
                 found,
