@@ -47,7 +47,7 @@ _RUN_STATE = [c for c in runs.c if c.name != "definition"]
 _VIEW_RUN_BARE = select(*_RUN_STATE).where(runs.c.id == bindparam("run_id"))
 # A step's parameters, retry policy and answer, which a run's page does not show and
 # which may be large (a module's answer): left unread by run_view.
-_STEP_DETAIL: dict[str, Any] = {"params": {}, "retry": {}, "output": None}
+_STEP_DETAIL = ("params", "retry", "output")
 _VIEW_STEPS = (
     select(*(c for c in steps.c if c.name not in _STEP_DETAIL))
     .where(steps.c.run_id == bindparam("run_id"))
@@ -159,7 +159,7 @@ class RunQueries(Connector):
             row = (await conn.execute(_VIEW_RUN, given)).first()
             if row is None:
                 raise NotFound(f"no run {run_id}")
-            found = from_rows(StepRow, await conn.execute(_VIEW_STEPS, given), **_STEP_DETAIL)
+            found = from_rows(StepRow, await conn.execute(_VIEW_STEPS, given), params={}, retry={}, output=None)
             return (
                 from_row(RunRow, row),
                 found,
