@@ -84,9 +84,9 @@ class UTCDateTime(TypeDecorator[datetime]):
         return process
 
     def result_processor(self, dialect: Dialect, coltype: Any) -> Any:
-        if dialect.name != "sqlite":
-            return super().result_processor(dialect, coltype)
         general = super().result_processor(dialect, coltype)
+        if dialect.name != "sqlite" or general is None:
+            return general
 
         def process(value: str | None) -> datetime | None:
             if value is None:
@@ -94,7 +94,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             try:
                 return datetime.fromisoformat(value + "+00:00")
             except (TypeError, ValueError):  # not the text this type writes
-                return general(value) if general else self.process_result_value(value, dialect)
+                return general(value)
 
         return process
 
