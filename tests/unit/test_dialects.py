@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from tests.databases import SERVERS, check_reachable
 
 from roadie.errors import ConfigError
-from roadie.store import dialects
+from roadie.store import Store, dialects
 
 
 async def _threshold(url: str) -> object:
@@ -44,3 +46,36 @@ def test_prepare_threshold_in_the_url_reaches_psycopg_as_its_own_parameter(
 def test_a_prepare_threshold_that_is_neither_none_nor_a_number_is_named() -> None:
     with pytest.raises(ConfigError, match="prepare_threshold='sometimes' in the database URL"):
         dialects.create_engine("postgresql://roadie@db.internal/roadie?prepare_threshold=sometimes")
+
+
+@pytest.mark.parametrize(("query", "kept"), [(None, dialects.POOL_SIZE), ("3", 3)])
+def test_a_burst_of_reads_opens_the_pools_connections_once_and_keeps_them(
+    tmp_path: Path, query: str | None, kept: int
+) -> None:
+    """Bursts of concurrent reads, wider than the pool, wait for its connections rather
+    than open (and close again) connections beyond it."""
+
+    async def main() -> int:
+        url = f"sqlite:///{tmp_path / 'roadie.db'}" + (f"?pool_size={query}" if query else "")
+        store = await Store.open(url)
+        opened = 0
+
+        @event.listens_for(store.engine.sync_engine, "connect")
+        def _opened(*_: object) -> None:
+            nonlocal opened
+            opened += 1
+
+        try:
+            for _ in range(3):
+                await asyncio.gather(*(store.list_runs() for _ in range(40)))
+            return opened + 1  # and the one the migrations opened, kept since
+        finally:
+            await store.close()
+
+    assert asyncio.run(main()) == kept
+
+
+@pytest.mark.parametrize("value", ["0", "many", "-2"])
+def test_a_pool_size_that_is_not_a_count_is_named(value: str) -> None:
+    with pytest.raises(ConfigError, match=f"pool_size='{value}' in the database URL"):
+        dialects.create_engine(f"sqlite:///roadie.db?pool_size={value}")

@@ -83,6 +83,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs.setdefault("isolation_level", "READ COMMITTED")
     if backend == "postgresql":
         url = _take_prepare_threshold(url, kwargs)
+    url = _take_pool_size(url, kwargs)
     if backend == "sqlite":
         kwargs.setdefault("module", sqlite_driver.dbapi())
     kwargs.setdefault("json_deserializer", json_loads)
@@ -96,6 +97,36 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
     return engine
+
+
+POOL_SIZE = 15
+"""Connections a process keeps to its database: as many as SQLAlchemy's default pool lets
+it hold at once (5, and 10 more in a burst), but kept. The default closes each of the ten as
+it is given back, so under steady concurrency (the web server's clients, a worker's drain
+beside its heartbeats) connections were opened and closed all the time: 2,050 run pages
+from 50 clients opened 97 SQLite connections (a thread, the file and its PRAGMAs each),
+against 15 kept, and each would be a server process on PostgreSQL. A task that finds all
+of them busy waits for one, up to `pool_timeout` (30 s)."""
+
+
+def _take_pool_size(url: str, kwargs: dict[str, Any]) -> str:
+    """The pool's size: `POOL_SIZE`, or the URL's `?pool_size=N` (more for a web server with
+    many clients, fewer under a small `max_connections`), taken out of the URL as
+    `prepare_threshold` is. An in-memory SQLite database has one connection, and no pool
+    to size."""
+    parsed = make_url(url)
+    value = parsed.query.get("pool_size")
+    if isinstance(value, tuple):
+        value = value[-1]
+    if value is not None:
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"pool_size={value!r} in the database URL: write a number of connections, 1 or more")
+        url = parsed.difference_update_query(["pool_size"]).render_as_string(hide_password=False)
+    if "poolclass" in kwargs or (parsed.get_backend_name() == "sqlite" and sqlite_file(parsed) is None):
+        return url
+    kwargs.setdefault("pool_size", int(value) if value is not None else POOL_SIZE)
+    kwargs.setdefault("max_overflow", 0)
+    return url
 
 
 def _take_prepare_threshold(url: str, kwargs: dict[str, Any]) -> str:
@@ -267,7 +298,9 @@ def exists(url: str) -> bool:
 
 def sqlite_file(url: URL) -> Path | None:
     """The absolute path of a SQLite database's file; None for an in-memory one or a server's."""
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    if url.query.get("mode") == "memory":  # file:NAME?mode=memory&uri=true
         return None
     return Path(url.database).expanduser().absolute()
 
