@@ -305,6 +305,35 @@ def test_what_the_database_cannot_store_is_a_rejection_not_a_crash(harness: Harn
     harness.run(body)
 
 
+MIXED = [
+    {"name": "Grünwald orc", "tags": ["é", "\u2028", None], "big": 2**70, "ratio": 0.1, "nested": {"deep": [True, {}]}},
+    None,
+    "just text",
+    [1, 2.5, -3],
+    {},
+]
+LISTS = [["orc"], [["a", "b"], ["c", "d"]], [], [[1], []]]  # as an array of arrays would be written
+
+
+@pytest.mark.parametrize("payloads", [MIXED, LISTS], ids=["mixed", "lists"])
+def test_an_answers_resources_are_stored_as_they_were_answered(harness: Harness, payloads: list[Any]) -> None:
+    """Rule 1: every resource of an answer is recorded with its payload exactly, whatever
+    JSON it holds and however many come in one batch (past a statement's parameter chunk);
+    so is the answer's output."""
+    many = [{"kind": "thing", "ref": f"thing-{i}", "payload": payloads[i % len(payloads)]} for i in range(450)]
+    harness.probe.answer = Answer(resources=many, output=payloads)
+
+    async def body() -> None:
+        run = await harness.start(one_step({}, cleanup="manual"))
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "make")
+        assert (step.status, step.rejections, step.output) == ("succeeded", None, payloads)
+        stored = {r.ref: r.payload for r in await harness.resources(run, "thing")}
+        assert stored == {m["ref"]: m["payload"] for m in many}
+
+    harness.run(body)
+
+
 def test_a_late_resource_never_walks_a_clean_run_back_to_pending(harness: Harness) -> None:
     """Rule 6 / §2: the move to dirty happens only from `not_required`. A resource
     reported after the run's cleanup completed is refused (the module reverts it itself),

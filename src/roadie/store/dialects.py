@@ -6,13 +6,13 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 import structlog
-from sqlalchemy import Connection, Insert, Select, Table, event
+from sqlalchemy import ColumnElement, Connection, Insert, Select, Table, any_, bindparam, event, func, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError
@@ -381,6 +381,47 @@ def refuses_data(error: BaseException) -> bool:
     same statement will be refused again, while the next one may well go in."""
     cause = error.__cause__ if isinstance(error, StoreError) else error
     return isinstance(cause, DataError | IntegrityError)
+
+
+def insert_ignore_rows(dialect_name: str, table: Table, rows: list[dict[str, Any]]) -> tuple[Insert, Any]:
+    """`insert_ignore` of many rows, with the parameters to execute it with.
+
+    On PostgreSQL the rows go as one array per column (`unnested`): the statement's text
+    is the same whatever the number of rows, so psycopg parses it once and the server
+    prepares it, where the row-by-row VALUES lists SQLAlchemy writes for a RETURNING make
+    a new text of 12 parameters a row for each batch size (a batch of 100 resources: 8 ms
+    against 4). Elsewhere the rows as they are, for the driver's executemany."""
+    if dialect_name != "postgresql":
+        return insert_ignore(dialect_name, table), rows
+    names = list(rows[0])
+    source = unnested({name: table.c[name] for name in names}, rows)
+    return postgresql.insert(table).from_select(names, source).on_conflict_do_nothing(), None
+
+
+def unnested(columns: Mapping[str, ColumnElement[Any]], rows: list[dict[str, Any]]) -> Select[Any]:
+    """PostgreSQL: `rows` as a SELECT of one `unnest(array)` per key of `columns`, each
+    array typed as the column its values are written to and labelled with its key."""
+    return select(
+        *(
+            func.unnest(bindparam(None, [row[key] for row in rows], type_=_array_of(column))).label(key)
+            for key, column in columns.items()
+        )
+    )
+
+
+def one_of(dialect_name: str, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
+    """`column IN values`. On PostgreSQL `column = ANY(array)`: one parameter, so the
+    statement's text does not change with the number of values (SQLAlchemy writes an IN
+    list as one parameter a value, and psycopg parses each new text afresh)."""
+    if dialect_name == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=_array_of(column)))
+    return column.in_(values)
+
+
+def _array_of(column: ColumnElement[Any]) -> postgresql.ARRAY[Any]:
+    # One dimension: a value that is itself a list (a JSON column's) is one element, not
+    # an inner array.
+    return postgresql.ARRAY(column.type, dimensions=1)
 
 
 def returning_update(dialect_name: str) -> bool:

@@ -153,7 +153,7 @@ class DrainQueries(Connector):
             if key not in seen:
                 seen.add(key)
                 unique_inserts.append(row)
-        await conn.execute(dialects.insert_ignore(self.dialect, run_resources), unique_inserts)
+        await conn.execute(*dialects.insert_ignore_rows(self.dialect, run_resources, unique_inserts))
         # A placeholder's ref is its step's own key, so only that step's earlier attempt can
         # hold it: nothing to look up. A lease's target may be held by anyone.
         holders = await live_holders(conn, [t for t in wanted if t[1] in LEASE_KINDS])
@@ -232,7 +232,7 @@ class DrainQueries(Connector):
             return
 
         async def work(conn: AsyncConnection) -> None:
-            held = await _held_steps(conn, outcomes)
+            held = await _held_steps(conn, self.dialect, outcomes)
             for o in outcomes:
                 o.stale = o.step.id not in held
             current = [o for o in outcomes if not o.stale]
@@ -245,7 +245,7 @@ class DrainQueries(Connector):
                     update(run_resources)
                     .where(
                         run_resources.c.kind == STEP_KIND,
-                        run_resources.c.ref.in_(list(chunk)),
+                        dialects.one_of(self.dialect, run_resources.c.ref, chunk),
                         run_resources.c.state == ResourceState.PENDING.value,
                     )
                     .values(state=ResourceState.RESOLVED.value, updated_at=current[0].at)
@@ -299,29 +299,37 @@ class DrainQueries(Connector):
                     "b_log": [*(o.step.attempt_log or []), entry],
                 }
             )
+        c = steps.c
+        key = {"b_id": c.id, "b_token": c.claim_token}
+        written = {
+            "b_status": c.status,
+            "b_output": c.output,
+            "b_error": c.error,
+            "b_rejections": c.rejections,
+            "b_not_before": c.not_before,
+            "b_ended_at": c.ended_at,
+            "b_log": c.attempt_log,
+        }
+        if self.dialect == "postgresql":
+            # One UPDATE ... FROM the rows unnested from arrays, not one UPDATE a step.
+            ending: Any = dialects.unnested(key | written, params).subquery("ending").c
+            executed: tuple[Any, ...] = ()
+        else:
+            ending = {name: bindparam(name) for name in key | written}
+            executed = (params,)
         statement = (
             update(steps)
             .where(
-                steps.c.id == bindparam("b_id"),
-                steps.c.status == StepStatus.RUNNING.value,
+                c.id == ending["b_id"],
+                c.status == StepStatus.RUNNING.value,
                 # Only the claim that dispatched this attempt may end it: a worker whose
                 # claim expired and was taken over answers too late to count.
-                steps.c.claim_token == bindparam("b_token"),
+                c.claim_token == ending["b_token"],
             )
-            .values(
-                status=bindparam("b_status"),
-                output=bindparam("b_output"),
-                error=bindparam("b_error"),
-                rejections=bindparam("b_rejections"),
-                not_before=bindparam("b_not_before"),
-                ended_at=bindparam("b_ended_at"),
-                attempt_log=bindparam("b_log"),
-                claimed_by=None,
-                claim_expires=None,
-                claim_token=None,
-            )
+            .values({column: ending[name] for name, column in written.items()})
+            .values(claimed_by=None, claim_expires=None, claim_token=None)
         )
-        ended = await conn.execute(statement, params)
+        ended = await conn.execute(statement, *executed)
         if ended.rowcount != len(params):  # pragma: no cover - the rows are locked since _held_steps
             raise ClaimLost(f"{len(params) - ended.rowcount} of {len(params)} steps changed hands while recording")
 
@@ -443,18 +451,25 @@ class DrainQueries(Connector):
         return result
 
 
-async def _held_steps(conn: AsyncConnection, outcomes: list[Outcome]) -> set[int]:
+async def _held_steps(conn: AsyncConnection, dialect: str, outcomes: list[Outcome]) -> set[int]:
     """The steps of `outcomes` still held by the attempt that answered, locked until the
-    transaction ends so that no requeue can take them between the check and the writes."""
-    pairs = [(o.step.id, o.step.claim_token) for o in outcomes if o.step.claim_token is not None]
+    transaction ends so that no requeue can take them between the check and the writes.
+
+    Asked as "these ids, under any of these claims" (a claim's token is shared by the steps
+    it took, so there are few), and each row's own pair then checked here."""
+    pairs = {(o.step.id, o.step.claim_token) for o in outcomes if o.step.claim_token is not None}
     held: set[int] = set()
-    for chunk in chunks(pairs, 200):
+    for chunk in chunks(sorted(pairs), 200):
         query = (
-            select(steps.c.id)
-            .where(tuple_(steps.c.id, steps.c.claim_token).in_(list(chunk)), steps.c.status == StepStatus.RUNNING.value)
+            select(steps.c.id, steps.c.claim_token)
+            .where(
+                dialects.one_of(dialect, steps.c.id, [i for i, _ in chunk]),
+                dialects.one_of(dialect, steps.c.claim_token, sorted({t for _, t in chunk})),
+                steps.c.status == StepStatus.RUNNING.value,
+            )
             .with_for_update()
         )
-        held.update(int(i) for i in (await conn.execute(query)).scalars())
+        held.update(int(r.id) for r in await conn.execute(query) if (r.id, r.claim_token) in pairs)
     return held
 
 

@@ -319,7 +319,10 @@ async def mark_dirty(conn: AsyncConnection, run_ids: Iterable[int]) -> None:
     if ids:
         await conn.execute(
             update(runs)
-            .where(runs.c.id.in_(ids), runs.c.cleanup_status == CleanupStatus.NOT_REQUIRED.value)
+            .where(
+                dialects.one_of(conn.dialect.name, runs.c.id, ids),
+                runs.c.cleanup_status == CleanupStatus.NOT_REQUIRED.value,
+            )
             .values(cleanup_status=CleanupStatus.PENDING.value)
         )
 
@@ -347,15 +350,15 @@ async def record_resources(conn: AsyncConnection, dialect: str, outcomes: list[O
     if not rows:
         return
     targets = [(r["owner"], r["kind"], r["ref"]) for r in rows]
-    statement = dialects.insert_ignore(dialect, run_resources)
+    statement, parameters = dialects.insert_ignore_rows(dialect, run_resources, rows)
     if dialects.returning_update(dialect):
         # The rows that went in are this batch's; only the targets refused by the key
         # need a look at who holds them.
         cols = run_resources.c
-        returned = await conn.execute(statement.returning(cols.owner, cols.kind, cols.ref, cols.run_id), rows)
+        returned = await conn.execute(statement.returning(cols.owner, cols.kind, cols.ref, cols.run_id), parameters)
         inserted = {(r.owner, r.kind, r.ref): int(r.run_id) for r in returned}
     else:
-        await conn.execute(statement, rows)
+        await conn.execute(statement, parameters)
         inserted = {}
     holders = await live_holders(conn, [t for t in targets if t not in inserted])
     dirty = set()

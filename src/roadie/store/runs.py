@@ -310,8 +310,8 @@ class RunQueries(Connector):
         ended = [m.run.id for m in moves if m.fail is None and m.finish is not None]
 
         async def work(conn: AsyncConnection) -> None:
-            for chunk in chunks(rows, 40):
-                await conn.execute(dialects.insert_ignore(self.dialect, steps), list(chunk))
+            for chunk in chunks(rows):
+                await conn.execute(*dialects.insert_ignore_rows(self.dialect, steps, list(chunk)))
             if updates:
                 await conn.execute(
                     update(runs)
