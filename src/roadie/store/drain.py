@@ -153,7 +153,7 @@ class DrainQueries(Connector):
             if key not in seen:
                 seen.add(key)
                 unique_inserts.append(row)
-        await conn.execute(*dialects.insert_ignore_rows(self.dialect, run_resources, unique_inserts))
+        await conn.execute(*dialects.insert_rows(self.dialect, run_resources, unique_inserts, ignore=True))
         # A placeholder's ref is its step's own key, so only that step's earlier attempt can
         # hold it: nothing to look up. A lease's target may be held by anyone.
         holders = await live_holders(conn, [t for t in wanted if t[1] in LEASE_KINDS])
@@ -310,13 +310,7 @@ class DrainQueries(Connector):
             "b_ended_at": c.ended_at,
             "b_log": c.attempt_log,
         }
-        if self.dialect == "postgresql":
-            # One UPDATE ... FROM the rows unnested from arrays, not one UPDATE a step.
-            ending: Any = dialects.unnested(key | written, params).subquery("ending").c
-            executed: tuple[Any, ...] = ()
-        else:
-            ending = {name: bindparam(name) for name in key | written}
-            executed = (params,)
+        ending, executed = dialects.many_rows(self.dialect, key | written, params)
         statement = (
             update(steps)
             .where(

@@ -350,7 +350,7 @@ async def record_resources(conn: AsyncConnection, dialect: str, outcomes: list[O
     if not rows:
         return
     targets = [(r["owner"], r["kind"], r["ref"]) for r in rows]
-    statement, parameters = dialects.insert_ignore_rows(dialect, run_resources, rows)
+    statement, parameters = dialects.insert_rows(dialect, run_resources, rows, ignore=True)
     if dialects.returning_update(dialect):
         # The rows that went in are this batch's; only the targets refused by the key
         # need a look at who holds them.
