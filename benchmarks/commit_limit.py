@@ -40,6 +40,8 @@ import structlog
 from report import write_section
 from sqlalchemy import Column, Insert, Integer, MetaData, String, Table, Update, bindparam, event, insert, update
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.visitors import iterate
 from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
 
@@ -59,7 +61,10 @@ class Census:
     def statement(self, clause: Any, multiparams: Any, result: Any) -> None:
         if isinstance(clause, Insert):
             # Rows offered: an insert that skips a duplicate offered it all the same.
-            rows = len(multiparams) if isinstance(multiparams, list | tuple) and multiparams else 1
+            if clause.select is not None:  # rows unnested from arrays (PostgreSQL)
+                rows = next(len(b.value) for b in iterate(clause.select) if isinstance(b, BindParameter))
+            else:
+                rows = len(multiparams) if isinstance(multiparams, list | tuple) and multiparams else 1
             self.pending[f"INSERT {clause.table.name}"] += rows
         elif isinstance(clause, Update):
             label = f"UPDATE {clause.table.name}"

@@ -400,8 +400,8 @@ def refuses_data(error: BaseException) -> bool:
 def insert_rows(
     dialect_name: str, table: Table, rows: list[dict[str, Any]], *, ignore: bool = False
 ) -> tuple[Insert, Any]:
-    """An INSERT of many rows (`insert_ignore` with `ignore`), with the parameters to
-    execute it with.
+    """An INSERT of `rows` (one or more, with the same keys; `insert_ignore` with
+    `ignore`), with the parameters to execute it with.
 
     On PostgreSQL the rows go as one array per column (`unnested`): the statement's text
     is the same whatever the number of rows, so psycopg parses it once and the server
