@@ -119,21 +119,29 @@ def _take_pool_size(url: str, kwargs: dict[str, Any]) -> str:
     to size. A SQLite file keeps SQLAlchemy's default (5, and 10 opened for a burst) unless
     the URL sizes it: one run of the suite with 15 kept on SQLite found an aiosqlite
     connection left unclosed (a ResourceWarning), not yet traced to its store."""
+    value, url = _take_url_option(url, "pool_size")
+    if value is not None and (not value.isdigit() or int(value) < 1):
+        raise ConfigError(f"pool_size={value!r} in the database URL: write a number of connections, 1 or more")
     parsed = make_url(url)
-    value = parsed.query.get("pool_size")
-    if isinstance(value, tuple):
-        value = value[-1]
-    if value is not None:
-        if not value.isdigit() or int(value) < 1:
-            raise ConfigError(f"pool_size={value!r} in the database URL: write a number of connections, 1 or more")
-        url = parsed.difference_update_query(["pool_size"]).render_as_string(hide_password=False)
-    if "poolclass" in kwargs or (parsed.get_backend_name() == "sqlite" and sqlite_file(parsed) is None):
+    if "poolclass" in kwargs:
         return url
-    if parsed.get_backend_name() == "sqlite" and value is None:
+    if parsed.get_backend_name() == "sqlite" and (value is None or sqlite_file(parsed) is None):
         return url
     kwargs.setdefault("pool_size", int(value) if value is not None else POOL_SIZE)
     kwargs.setdefault("max_overflow", 0)
     return url
+
+
+def _take_url_option(url: str, name: str) -> tuple[str | None, str]:
+    """The value of Roadie's own option `name` in a database URL's query (the last, if it
+    is given twice), and the URL without it, since the driver would be handed it as text."""
+    parsed = make_url(url)
+    value = parsed.query.get(name)
+    if value is None:
+        return None, url
+    if isinstance(value, tuple):
+        value = value[-1]
+    return value, parsed.difference_update_query([name]).render_as_string(hide_password=False)
 
 
 def _take_prepare_threshold(url: str, kwargs: dict[str, Any]) -> str:
@@ -145,12 +153,9 @@ def _take_prepare_threshold(url: str, kwargs: dict[str, Any]) -> str:
     run on another server connection, where the statement does not exist: the URL's
     `?prepare_threshold=none` turns preparing off, as psycopg's own parameter of that name
     does. Taken out of the URL here, since the driver would be handed it as text."""
-    parsed = make_url(url)
-    value = parsed.query.get("prepare_threshold")
+    value, url = _take_url_option(url, "prepare_threshold")
     if value is None:
         return url
-    if isinstance(value, tuple):
-        value = value[-1]
     connect_args = dict(kwargs.get("connect_args", {}))
     if value.lower() in ("none", "off", "false"):
         connect_args["prepare_threshold"] = None
@@ -159,7 +164,7 @@ def _take_prepare_threshold(url: str, kwargs: dict[str, Any]) -> str:
     else:
         raise ConfigError(f"prepare_threshold={value!r} in the database URL: write none, or a number of runs")
     kwargs["connect_args"] = connect_args
-    return parsed.difference_update_query(["prepare_threshold"]).render_as_string(hide_password=False)
+    return url
 
 
 READ_ONLY = "roadie_read_only"
