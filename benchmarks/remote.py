@@ -6,7 +6,8 @@
    signature by hand, nothing checked). Interleaved call by call, so that drift on a shared
    machine hits both alike; median and p99 of each, and their difference.
 2. Fan-out: one run of a phase of N `ledger` steps through the whole engine (SQLite) with
-   the server delaying every call by D ms: wall time against the ideal `N * D / concurrency`.
+   the server delaying every call by D ms: wall time against the ideal `N * D / concurrency`,
+   and against the same N calls made by bare httpx and httpx2 clients with nothing else.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import httpx2
 import structlog
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -149,10 +152,12 @@ def _fan_out_event(steps: int) -> str:
     return f"id: fanout\ncleanup: manual\nphases:\n  - name: wave\n    steps:\n{body}\n"
 
 
-async def _bare_fan_out(url: str, steps: int, concurrency: int, tag: str) -> float:
-    """The same N dispatches with no engine: a bare httpx client, `concurrency` at a time."""
+async def _bare_fan_out(url: str, steps: int, concurrency: int, tag: str, client: Any = httpx) -> float:
+    """The same N dispatches with no engine: a bare client (`client`: httpx, or httpx2 as the
+    engine's push transport uses), `concurrency` at a time."""
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=concurrency)) as c:
+    limits = client.Limits(max_connections=concurrency)
+    async with client.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
 
         async def one(i: int) -> None:
             async with gate:
@@ -217,10 +222,11 @@ def main(argv: list[str]) -> int:
     finally:
         server.stop()
 
-    fan_rows: list[tuple[int, list[float], list[float]]] = []
+    fan_rows: list[tuple[int, list[float], list[float], list[float]]] = []
     for concurrency in args.concurrency:
         runs: list[float] = []
         bare_runs: list[float] = []
+        bare2_runs: list[float] = []
         for r in range(args.repeats):
             where = home / f"fan-{concurrency}-{r}"
             where.mkdir()
@@ -228,10 +234,11 @@ def main(argv: list[str]) -> int:
             try:
                 tag = f"{concurrency}-{r}"
                 bare_runs.append(asyncio.run(_bare_fan_out(server.url, args.steps, concurrency, tag)))
+                bare2_runs.append(asyncio.run(_bare_fan_out(server.url, args.steps, concurrency, f"2-{tag}", httpx2)))
                 runs.append(asyncio.run(_fan_out(server.url, args.steps, concurrency, where, tag)))
             finally:
                 server.stop()
-        fan_rows.append((concurrency, runs, bare_runs))
+        fan_rows.append((concurrency, runs, bare_runs, bare2_runs))
 
     section = _section(latency, fan_rows, args)
     print(section)
@@ -240,7 +247,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _section(latency: Latency, fan_rows: list[tuple[int, list[float], list[float]]], args: argparse.Namespace) -> str:
+def _section(
+    latency: Latency, fan_rows: list[tuple[int, list[float], list[float], list[float]]], args: argparse.Namespace
+) -> str:
     ms = 1000.0
     r50, r99 = statistics.median(latency.roadie) * ms, _pct(latency.roadie, 0.99) * ms
     b50, b99 = statistics.median(latency.bare) * ms, _pct(latency.bare, 0.99) * ms
@@ -271,18 +280,19 @@ def _section(latency: Latency, fan_rows: list[tuple[int, list[float], list[float
         f"One run, one phase of {args.steps} `sandbox.spawn` steps (ledgered: placeholder reserved before each "
         f"dispatch, answer recorded after), the server delaying every call by {args.delay_ms:g} ms; wall time "
         "from the run's start to its end, SQLite. Ideal = steps × delay / concurrency. Beside it, on the same "
-        "server just before, the same number of dispatches made by a bare httpx client `concurrency` at a time "
-        "(no engine, no ledger): what this server can do at all.",
+        "server just before, the same number of dispatches made by a bare client `concurrency` at a time "
+        "(no engine, no ledger): httpx, and httpx2, on which the engine's push transport is built.",
         "",
-        "| concurrency | ideal s | bare httpx s | Roadie s median | min–max | Roadie / ideal | Roadie / bare |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| concurrency | ideal s | bare httpx s | bare httpx2 s | Roadie s median | min–max | Roadie / ideal "
+        "| Roadie / bare httpx | Roadie / bare httpx2 |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for concurrency, runs, bare_runs in fan_rows:
+    for concurrency, runs, bare_runs, bare2_runs in fan_rows:
         ideal = args.steps * args.delay_ms / 1000 / concurrency
-        median, bare = statistics.median(runs), statistics.median(bare_runs)
+        median, bare, bare2 = statistics.median(runs), statistics.median(bare_runs), statistics.median(bare2_runs)
         lines.append(
-            f"| {concurrency} | {ideal:.3f} | {bare:.3f} | {median:.3f} | {min(runs):.3f}–{max(runs):.3f} "
-            f"| {median / ideal:.2f} | {median / bare:.2f} |"
+            f"| {concurrency} | {ideal:.3f} | {bare:.3f} | {bare2:.3f} | {median:.3f} "
+            f"| {min(runs):.3f}–{max(runs):.3f} | {median / ideal:.2f} | {median / bare:.2f} | {median / bare2:.2f} |"
         )
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import httpx2 as httpx  # what the push transport is built on
 import pytest
 
 from roadie import protocol
