@@ -57,6 +57,9 @@ class Drain(Advance):
         after the answer is recorded and the next batch claimed, two commits later.
         Answers that are all in by then (a module as fast as a commit) gain nothing from
         it, and it is not done: holding steps costs a look at cancels before each refill.
+        A dispatch that ends while a batch is being recorded or claimed frees its slot
+        when that commit is done, not at the next one; its answer goes with the next
+        batch, which is recorded without waiting for another answer.
         """
         inflight: dict[asyncio.Future[Any], Claimed] = {}
         ahead: deque[Claimed] = deque()  # claimed, not yet dispatched
@@ -66,6 +69,7 @@ class Drain(Advance):
         refill = max(1, self.options.concurrency // 4)
         may_have_moved = True  # whether a run may have a phase to begin or an end to reach
         unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
+        carried: list[Outcome] = []  # answers taken in while a batch was recorded, for the next
         failures = 0
         try:
             while True:
@@ -88,6 +92,8 @@ class Drain(Advance):
                         # must still be recorded, so claiming more waits for the next pass.
                         log.warning("claiming steps failed; finishing those in flight", error=exc.message)
                         claimed = []
+                    # Slots freed while claiming take the new steps now.
+                    carried.extend(self._harvest(inflight))
                     for c in claimed:
                         if c.refused:
                             self._tell(
@@ -115,11 +121,11 @@ class Drain(Advance):
                             moved = False
                         if moved:
                             continue
-                if not inflight and not unrecorded:
+                if not inflight and not unrecorded and not carried:
                     if claimed:
                         continue
                     return worked
-                if inflight:
+                if inflight and not carried:  # answers in hand are recorded without waiting
                     if heartbeat is None or heartbeat.done():
                         heartbeat = asyncio.create_task(self.clock.sleep(self.options.claim_ttl / 3))
                     waits = [c for c in inflight.values() if c.step.action == WAIT_ACTION]
@@ -140,10 +146,8 @@ class Drain(Advance):
                         self._abandon_lost(inflight, ahead)
                     if waits and watch is not None and watch.done():
                         unrecorded.extend(await self._cut_cancelled_waits(inflight))
-                finished = [t for t in inflight if t.done()]
-                outcomes: list[Outcome] = [*unrecorded, *(t.result() for t in finished)]
-                for t in finished:
-                    self._inflight_ids.pop(inflight.pop(t).step.id, None)
+                outcomes: list[Outcome] = [*unrecorded, *carried, *self._harvest(inflight)]
+                carried = []
                 # The freed slots are filled before the answers are recorded.
                 outcomes.extend(await self._dispatch_ahead(inflight, ahead))
                 if outcomes:
@@ -175,11 +179,23 @@ class Drain(Advance):
                         self._tell_outcome(o)
                     if any(o.status is not StepStatus.READY for o in outcomes):
                         may_have_moved = True
+                    if ahead and any(t.done() for t in inflight):
+                        # Slots freed while the batch was recorded are filled now, not after
+                        # the next claim; their answers go with the next recording.
+                        carried.extend(self._harvest(inflight))
+                        carried.extend(await self._dispatch_ahead(inflight, ahead))
         finally:
             for task in [*inflight, *([heartbeat] if heartbeat else []), *([watch] if watch else [])]:
                 task.cancel()
             for c in [*inflight.values(), *ahead]:
                 self._inflight_ids.pop(c.step.id, None)
+
+    def _harvest(self, inflight: dict[asyncio.Future[Any], Claimed]) -> list[Outcome]:
+        """The outcomes of the dispatches that have ended, their slots freed."""
+        finished = [t for t in inflight if t.done()]
+        for t in finished:
+            self._inflight_ids.pop(inflight.pop(t).step.id, None)
+        return [t.result() for t in finished]
 
     async def _record_apart(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Record a batch whose data the database refused, half by half, until each answer
