@@ -69,7 +69,7 @@ class Drain(Advance):
         refill = max(1, self.options.concurrency // 4)
         may_have_moved = True  # whether a run may have a phase to begin or an end to reach
         unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
-        carried: list[Outcome] = []  # answers taken in while a batch was recorded, for the next
+        carried: list[Outcome] = []  # answers taken in while a batch was recorded or claimed
         failures = 0
         try:
             while True:
