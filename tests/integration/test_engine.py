@@ -618,6 +618,51 @@ def test_a_slot_an_answer_frees_is_filled_before_the_answer_is_recorded(harness:
         assert order[:6] == ["dispatch", "dispatch", "record_outcomes", "dispatch", "record_outcomes", "dispatch"]
 
 
+def test_a_slot_freed_while_answers_are_recorded_is_filled_before_the_next_claim(harness: Harness) -> None:
+    """Issue 14: an answer that comes in while the drain records a batch frees its slot as
+    soon as that commit is done: the next step claimed ahead is dispatched then, not after
+    the next claim's commit; the answer goes with the next recording.
+
+    Concurrency 2, up to 2 claimed ahead, s0 out throughout. s1 answers and is recorded;
+    the next claim takes s2-s4 (s2 dispatched, s3 and s4 ahead); s2 answers, s3 is
+    dispatched in its slot and the recording of s2 begins; s3 answers while it is under
+    way (the probe answers at once)."""
+    harness.options = EngineOptions(seed=1, concurrency=2, claim_ahead=2)
+    order: list[str] = []
+    harness.write_points.extra = lambda name: order.append(name) if name in ("record_outcomes", "claim_steps") else None
+    release = asyncio.Event()
+
+    async def observe(call: Any) -> None:
+        order.append("dispatch")
+        if order.count("dispatch") == 1:  # s0: out while the others come and go
+            await release.wait()
+        if order.count("dispatch") == 5:  # s4: the last of the first five
+            release.set()
+
+    async def body() -> None:
+        harness.probe.observe = observe
+        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(6))
+        run = await harness.start(f"id: refill\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
+        [done] = await harness.settle(run)
+        assert done.status == "succeeded"
+        assert len(await harness.resources(run, STEP_KIND)) == 6
+        assert harness.probe.max_in_flight == 2
+
+    harness.run(body)
+    second_recording = [i for i, name in enumerate(order) if name == "record_outcomes"][1]
+    assert order[: second_recording + 2] == [
+        "claim_steps",  # s0, s1
+        "dispatch",
+        "dispatch",
+        "record_outcomes",  # s1
+        "claim_steps",  # s2, s3, s4
+        "dispatch",  # s2
+        "dispatch",  # s3, in s2's slot
+        "record_outcomes",  # s2, while s3 answers
+        "dispatch",  # s4, in s3's slot: before the next claim
+    ], order
+
+
 def test_a_step_claimed_ahead_is_not_dispatched_once_its_run_is_cancelled(harness: Harness) -> None:
     """Cancel stops every step not yet dispatched, a step claimed ahead included: it ends
     skipped without reaching the world, and its placeholder resolves with nothing to
