@@ -579,6 +579,18 @@ phases:
     harness.run(body)
 
 
+async def _make_steps_two_at_a_time(harness: Harness, event_id: str, count: int) -> None:
+    """One run of `count` `probe.make` steps in one phase, under the concurrency of 2 the
+    tests below set: it succeeds with a placeholder per step, never more than 2 in flight
+    (a step claimed ahead is not dispatched ahead)."""
+    steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(count))
+    run = await harness.start(f"id: {event_id}\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
+    [done] = await harness.settle(run)
+    assert done.status == "succeeded"
+    assert len(await harness.resources(run, STEP_KIND)) == count
+    assert harness.probe.max_in_flight == 2
+
+
 @pytest.mark.parametrize("ahead", [1, 0])
 def test_a_slot_an_answer_frees_is_filled_before_the_answer_is_recorded(harness: Harness, ahead: int) -> None:
     """Issue 14: while a dispatch is still out when the worker claims, it claims
@@ -602,16 +614,8 @@ def test_a_slot_an_answer_frees_is_filled_before_the_answer_is_recorded(harness:
         if dispatched == 2:  # out while the others come and go
             await release.wait()
 
-    async def body() -> None:
-        harness.probe.observe = observe
-        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(4))
-        run = await harness.start(f"id: ahead\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
-        [done] = await harness.settle(run)
-        assert done.status == "succeeded"
-        assert len(await harness.resources(run, STEP_KIND)) == 4
-        assert harness.probe.max_in_flight == 2  # claimed ahead is not dispatched ahead
-
-    harness.run(body)
+    harness.probe.observe = observe
+    harness.run(lambda: _make_steps_two_at_a_time(harness, "ahead", 4))
     if ahead:
         assert order[:6] == ["dispatch", "dispatch", "record_outcomes", "dispatch", "dispatch", "record_outcomes"]
     else:
@@ -639,16 +643,8 @@ def test_a_slot_freed_while_answers_are_recorded_is_filled_before_the_next_claim
         if order.count("dispatch") == 5:  # s4: the last of the first five
             release.set()
 
-    async def body() -> None:
-        harness.probe.observe = observe
-        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(6))
-        run = await harness.start(f"id: refill\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
-        [done] = await harness.settle(run)
-        assert done.status == "succeeded"
-        assert len(await harness.resources(run, STEP_KIND)) == 6
-        assert harness.probe.max_in_flight == 2
-
-    harness.run(body)
+    harness.probe.observe = observe
+    harness.run(lambda: _make_steps_two_at_a_time(harness, "refill", 6))
     second_recording = [i for i, name in enumerate(order) if name == "record_outcomes"][1]
     assert order[: second_recording + 2] == [
         "claim_steps",  # s0, s1
