@@ -51,7 +51,7 @@ def test_a_prepare_threshold_that_is_neither_none_nor_a_number_is_named() -> Non
         dialects.create_engine("postgresql://roadie@db.internal/roadie?prepare_threshold=sometimes")
 
 
-@pytest.mark.parametrize(("query", "kept"), [(None, dialects.POOL_SIZE), ("3", 3)])
+@pytest.mark.parametrize(("query", "kept"), [(str(dialects.POOL_SIZE), dialects.POOL_SIZE), ("3", 3)])
 def test_a_burst_of_reads_opens_the_pools_connections_once_and_keeps_them(
     tmp_path: Path, query: str | None, kept: int
 ) -> None:
