@@ -344,14 +344,15 @@ class RunQueries(Connector):
         await self._write("materialise_phase" if rows else "advance_runs", work)
 
     async def runs_cancelling(self, run_ids: Iterable[int]) -> set[int]:
-        """Which of these runs an operator has asked to stop."""
+        """Which of these runs an operator has asked to stop. One statement: the drain
+        asks before each refill of its slots from the steps it claimed ahead."""
         ids = sorted(set(run_ids))
         query = select(runs.c.id).where(runs.c.id.in_(ids), runs.c.cancel_requested.is_(True))
 
         async def work(conn: AsyncConnection) -> set[int]:
             return {int(i) for i in (await conn.execute(query)).scalars()} if ids else set()
 
-        result: set[int] = await self._read(work)
+        result: set[int] = await self._read(work, one_statement=True)
         return result
 
     async def runs_by_ids(self, run_ids: list[int]) -> list[RunRow]:
