@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from alembic.script import ScriptDirectory
+from sqlalchemy import event
+from sqlalchemy.pool import ConnectionPoolEntry
 from tests.conftest import Harness, probe_module
 from tests.databases import Database
 from tests.integration.test_ledger_rules import one_step
@@ -318,6 +320,27 @@ def test_workers_opening_one_new_database_together_migrate_it_once(tmp_path: Pat
 
     try:
         asyncio.run(main())
+    finally:
+        database.drop_all()
+
+
+def test_a_connection_in_use_as_its_store_closes_is_closed_when_given_back(tmp_path: Path, database: Database) -> None:
+    """The store's owner closes it while a task of its is still in a transaction (a
+    heartbeat finishing as its worker stops): that connection is closed as the task gives
+    it back, not kept by the pool the close disposed of, where nothing would close it."""
+    url = database.fresh(tmp_path)
+
+    async def main() -> list[Any]:
+        store = await Store.open(url)
+        given_back: list[ConnectionPoolEntry] = []
+        event.listen(store.engine.sync_engine, "checkin", lambda _dbapi, entry: given_back.append(entry))
+        async with store.engine.connect() as conn:
+            await conn.exec_driver_sql("SELECT 1")
+            await store.close()
+        return [entry.dbapi_connection for entry in given_back]
+
+    try:
+        assert asyncio.run(main()) == [None]
     finally:
         database.drop_all()
 

@@ -16,9 +16,10 @@ from datetime import datetime
 from typing import Any, Self
 
 import structlog
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from roadie.errors import StoreError
 from roadie.store import dialects, migrate
@@ -53,6 +54,8 @@ class Connector:
         self.write_point: WritePoint = write_point or (lambda name: None)
         self.active = 0  # database calls under way, for callers (tests) that must know
         self._file: tuple[str, int, int] | None = None  # a SQLite file's path, device and inode
+        self._closed = False
+        event.listen(engine.sync_engine, "checkin", self._checked_in)
 
     @classmethod
     async def open(cls, url: str, *, migrate_schema: bool = True, **kwargs: Any) -> Self:
@@ -126,7 +129,16 @@ class Connector:
                 raise
 
     async def close(self) -> None:
+        """Close every connection. One still in use (a task finishing its transaction as the
+        owner closes the store) is closed when it is given back: the pool would keep it, and
+        a disposed pool is never looked at again, so nothing would ever close it."""
+        self._closed = True
         await self.engine.dispose()
+
+    def _checked_in(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        if self._closed:
+            log.debug("connection given back after the store closed", dialect=self.dialect)
+            record.close()
 
     # -- plumbing -------------------------------------------------------------------
 
