@@ -312,8 +312,9 @@ class Engine(Drain):
             await self.notifications_sent()
         finally:
             await self.close()
-            self._heart.cancel()
-            self._heart = None
+            heart, self._heart = self._heart, None
+            heart.cancel()
+            await asyncio.gather(heart, return_exceptions=True)  # a beat under way ends before the store closes
             released = await self.store.deregister_worker(self.worker_id, self.incarnation, self.clock.now())
             log.info("worker stopped", worker=self.worker_id, released_steps=released[0], released_cleanups=released[1])
 
