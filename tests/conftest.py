@@ -25,12 +25,14 @@ called from inside each dispatch, for tests that look at the store mid-call.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import aiosqlite
 import pytest
 import structlog
 from click.testing import Result
@@ -364,6 +366,44 @@ def _default_logging() -> Iterator[None]:
     structlog.reset_defaults()
     yield
     structlog.reset_defaults()
+
+
+# -- SQLite connections left open ---------------------------------------------------------
+
+_left_open: list[str] = []
+"""The tests in which each aiosqlite connection collected unclosed was opened."""
+
+
+def _name_the_opener() -> None:
+    """aiosqlite warns when it collects a connection left open, but at whatever later test
+    the garbage collector happens to run in. Each connection is marked with the test that
+    opened it, and `_sqlite_connections_closed` collects garbage after every module, so a
+    leak fails in the module that made it and names the test."""
+    connect, delete = aiosqlite.core.connect, aiosqlite.core.Connection.__del__
+
+    def marked(*args: Any, **kwargs: Any) -> aiosqlite.Connection:
+        connection = connect(*args, **kwargs)
+        connection._opened_in = os.environ.get("PYTEST_CURRENT_TEST", "no test")  # type: ignore[attr-defined]
+        return connection
+
+    def noted(self: aiosqlite.Connection) -> None:
+        if self._connection is not None:
+            _left_open.append(getattr(self, "_opened_in", "no test"))
+        delete(self)
+
+    aiosqlite.connect = aiosqlite.core.connect = marked  # type: ignore[assignment]
+    aiosqlite.core.Connection.__del__ = noted  # type: ignore[method-assign]
+
+
+_name_the_opener()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sqlite_connections_closed() -> Iterator[None]:
+    yield
+    gc.collect()
+    left, _left_open[:] = list(_left_open), []
+    assert not left, f"aiosqlite connections collected unclosed, opened in: {left}"
 
 
 @pytest.fixture
