@@ -53,6 +53,11 @@ from roadie.store import Store, dialects, tables
 from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow
 from tests.databases import BACKENDS, PLANTED_PASSWORD, Database, check_reachable
 
+# pytest-xdist gives its workers COLUMNS=80 and LINES=24, where the CLI would cut its tables
+# to 80 columns; every test runs the commands as an operator's pipe would, at any width.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 # -- fault injection at the store's named write points ------------------------------------
 
 
