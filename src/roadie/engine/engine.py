@@ -253,11 +253,11 @@ class Engine(Drain):
             await self._sending
 
     async def close(self) -> None:
-        """Stop the automatic cleanups and the webhook sends under way (their claims expire,
-        and another worker takes them over), so that none touches the store after its owner
-        closes it."""
+        """Stop the automatic cleanups, the webhook sends and the heartbeat under way (their
+        claims expire, and another worker takes them over), so that none touches the store
+        after its owner closes it."""
         tasks = list(self._cleanups.values())
-        tasks += [t for t in (self._sending, self._sweeping) if t is not None]
+        tasks += [t for t in (self._sending, self._sweeping, self._heart) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -311,10 +311,8 @@ class Engine(Drain):
             await self.cleanups_done()
             await self.notifications_sent()
         finally:
-            await self.close()
-            heart, self._heart = self._heart, None
-            heart.cancel()
-            await asyncio.gather(heart, return_exceptions=True)  # a beat under way ends before the store closes
+            await self.close()  # the heartbeat too: a beat under way ends before the store closes
+            self._heart = None
             released = await self.store.deregister_worker(self.worker_id, self.incarnation, self.clock.now())
             log.info("worker stopped", worker=self.worker_id, released_steps=released[0], released_cleanups=released[1])
 
