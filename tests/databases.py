@@ -5,12 +5,13 @@ the `database` fixture (through `harness`) runs once per backend, each on a data
 its own. A server that cannot be reached skips its tests on a developer's machine and
 fails them in CI (`CI=true`), where a skip would hide a missing service.
 
-`pgbouncer` is the PostgreSQL server behind Debian's PgBouncer in transaction pooling
-mode, as operators run it: started here, once per test process, on a free port (or named
-by `ROADIE_TEST_PGBOUNCER`). Consecutive transactions of one connection of Roadie's may
-then run on different server connections, so whatever leans on session state (prepared
-statements unless the URL says `prepare_threshold=none`, session advisory locks, `SET`)
-fails there.
+`pgbouncer` is the PostgreSQL server behind PgBouncer in transaction pooling mode, as
+operators run it: started here, once per test process, on a free port (or named by
+`ROADIE_TEST_PGBOUNCER`), from the build `make pgbouncer` makes (the Makefile says why
+not Debian 12's own) or the binary `ROADIE_TEST_PGBOUNCER_BINARY` names. Consecutive
+transactions of one connection of Roadie's may then run on different server connections,
+so whatever leans on session state (prepared statements unless the URL says
+`prepare_threshold=none`, session advisory locks, `SET`) fails there.
 """
 
 from __future__ import annotations
@@ -173,10 +174,11 @@ _bouncer: _Bouncer | None = None
 
 def _start_pgbouncer(server_url: str) -> str:
     """Start PgBouncer in transaction pooling mode in front of `server_url`, for as long as
-    this process lives; answer its URL. Debian's package is what `make test` installs."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    this process lives; answer its URL."""
+    built = sorted(Path(__file__).parent.parent.glob(".cache/pgbouncer-*/bin/pgbouncer"))
+    binary = os.environ.get("ROADIE_TEST_PGBOUNCER_BINARY") or (str(built[-1]) if built else "")
     if not os.path.exists(binary):
-        raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer; `make test` installs it)")
+        raise RuntimeError("pgbouncer is not built: run `make pgbouncer` (`make test` does)")
     server = make_url(server_url)
     home = Path(tempfile.mkdtemp(prefix="roadie-pgbouncer-"))
     home.chmod(0o777)  # it drops root for the postgres user, who writes its log and pid here
