@@ -22,8 +22,11 @@ demo: $(STAMP)
 	rm -rf .demo && mkdir -p .demo
 	cd .demo && ../$(BIN)/roadie demo
 
+# Two test processes, a file each at a time (pytest-xdist): most of the suite waits on
+# servers, subprocesses and installs, and one process left a core idle most of the time.
+TEST_WORKERS ?= 2
 test: $(STAMP) chromium pgbouncer netns luanti
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The dashboard's browser test drives Debian's Chromium (Playwright downloads no browser).
 chromium:
