@@ -142,3 +142,34 @@ def test_a_migration_lock_held_too_long_is_one_line_naming_its_holder(
 
 async def _close(opening: Any) -> None:
     await (await opening).close()
+
+
+def test_a_connection_dropped_during_the_migrations_is_made_again(
+    tmp_path: Path, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: on MariaDB, a worker whose connection the server dropped while it migrated
+    (a server restarting as the worker starts; seen in CI under the fault suite) died with
+    SQLAlchemy's 'Can't reconnect until invalid transaction is rolled back': giving the
+    migration lock back on the dead connection failed and hid why it had died, so the
+    open was not tried again. Now the lock is left to the dead session (the server gives
+    it back with it) and the open goes on, on a new connection."""
+    if database.backend == "sqlite":
+        pytest.skip("a file has no connection to drop")
+    url = database.fresh(tmp_path)
+    real = migrate.command.upgrade
+    dropped: list[int] = []
+
+    def drop_own_connection_once(config: Any, revision: str) -> None:
+        connection: Connection = config.attributes["connection"]
+        if not dropped:
+            own = "SELECT pg_backend_pid()" if database.dialect == "postgresql" else "SELECT CONNECTION_ID()"
+            dropped.append(int(connection.exec_driver_sql(own).scalar_one()))
+            end = "SELECT pg_terminate_backend({})" if database.dialect == "postgresql" else "KILL {}"
+            connection.exec_driver_sql(end.format(dropped[0]))
+        real(config, revision)
+
+    monkeypatch.setattr(migrate.command, "upgrade", drop_own_connection_once)
+    asyncio.run(_close(Store.open(url)))
+    assert dropped, "the migration never ran"
+    monkeypatch.setattr(migrate.command, "upgrade", real)
+    asyncio.run(_close(Store.open(url)))  # the lock was given back: a later open takes it

@@ -30,5 +30,10 @@ def upgrade(connection: Connection) -> None:
     release = dialects.lock_for_migration(connection)
     try:
         command.upgrade(alembic_config(connection), "head")
-    finally:
-        release()
+    except BaseException:
+        # A connection the server dropped took its session's lock with it; giving the lock
+        # back on it would fail, and hide the drop that the caller makes a new one for.
+        if not connection.invalidated:
+            release()
+        raise
+    release()
