@@ -8,11 +8,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from roadie.cli.main import app
 from roadie.states import AUTO_CLEANUP_ROUNDS
-from roadie.web import tokens
+from roadie.web import dashboard, tokens
+from roadie.web.timeline import layout
 from tests.web.conftest import QUICK, SLOW, Site
 
 
@@ -200,6 +202,35 @@ def test_a_run_that_ended_with_rows_live_says_so_on_its_page_until_cleaned_up(si
     assert 'id="left-behind"' not in site.get(f"/runs/{run['id']}").text
     ledger = site.get(f"/runs/{run['id']}/ledger", "operator").text  # nothing left: no "Run cleanup"
     assert ("Run cleanup" not in ledger, "Read the world back again" in ledger) == (True, True)
+
+
+def test_a_finished_runs_page_is_drawn_once_and_drawn_again_when_its_rows_change(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The changing part of an ended run's page is drawn once and given again, to the page
+    and to its live refresh, while its rows read back the same; a cleanup that changes them
+    has it drawn again, and the page says what the cleanup did."""
+    drawn: list[int] = []
+
+    def counted(run: Any, steps: Any, now: Any) -> Any:
+        drawn.append(run.id)
+        return layout(run, steps, now)
+
+    monkeypatch.setattr(dashboard, "layout", counted)
+    site.upload(QUICK)
+    run = _start(site, "quick-raid")
+    assert site.wait_settled(run["id"])["cleanup_status"] == "pending"
+    before = drawn.count(run["id"])
+    page = site.get(f"/runs/{run['id']}").text
+    assert 'id="left-behind"' in page
+    assert site.get(f"/runs/{run['id']}").text == page
+    assert site.get(f"/runs/{run['id']}/live").text in page
+    assert drawn.count(run["id"]) == before + 1
+    assert site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator", json={}).status_code == 200
+    after = site.get(f"/runs/{run['id']}").text
+    assert 'id="left-behind"' not in after
+    assert "verified clean" in after
+    assert drawn.count(run["id"]) == before + 2
 
 
 def test_list_runs_filters_and_pages(site: Site) -> None:

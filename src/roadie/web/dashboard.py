@@ -24,7 +24,7 @@ from roadie.definitions import EventDefinition
 from roadie.definitions.catalogue import catalogue
 from roadie.engine.cleanup import describe
 from roadie.errors import DefinitionError, Problem, RoadieError
-from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, WorkerState
+from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, StepStatus, WorkerState
 from roadie.store.rows import ResourceRow
 from roadie.views import Lease
 from roadie.web import auth, service
@@ -404,34 +404,57 @@ async def start_run(
 
 
 async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
-    state = state_of(request)
-    run, steps, resources = await state.store.run_view(run_id)
-    names = [p.get("name", "") for p in run.definition.get("phases", [])]
-    left = _left_in_world(resources)
-    live = left["counts"]["live"] + left["counts"]["failed"]
+    run, steps, resources = await state_of(request).store.run_view(run_id)
     return {
         "run": run,
         "steps": steps,
         "resources": resources,
-        "live_rows": live,
-        "left": left,
-        "phase_names": names,
-        "timeline": layout(run, steps, state.clock.now()),
+        "live_rows": sum(1 for r in resources if ResourceState(r.state).holds_target),
         "in_flight": run.status in service.IN_FLIGHT,
         "settled_now": not (run.status in service.IN_FLIGHT or run.cleanup_status in CLEANUP_DUE),
         "params_json": json.dumps(run.params),
     }
 
 
+def _live_part(request: Request, who: Principal, context: dict[str, Any]) -> Markup:
+    """The run page's changing part: its summary, timeline, steps and what it left in the
+    world. A run that has ended, with no cleanup under way, no longer moves with the clock,
+    so what is drawn for it is kept (`WebState.drawn`) and given again for as long as its
+    rows read back the same: staff reading a finished run, or many watching one, cost
+    the reads, not the drawing."""
+    state = state_of(request)
+    run, steps, resources = context["run"], context["steps"], context["resources"]
+    key = (run.id, who.role.allows(Role.OPERATOR), who.csrf or "")
+    rows = (run, steps, resources)
+    if (kept := state.drawn.get(key)) is not None and kept[0] == rows:
+        return kept[1]
+    left = _left_in_world(resources)
+    html = Markup(
+        templates.get_template("_run_live.html").render(
+            **context,
+            **auth.template_globals(who),
+            can_operate=key[1],
+            left=left,
+            phase_names=[p.get("name", "") for p in run.definition.get("phases", [])],
+            timeline=layout(run, steps, state.clock.now()),
+        )
+    )
+    timeless = run.ended_at is not None and not (run.cleanup_started_at and not run.cleanup_ended_at)
+    if timeless and not any(s.status == StepStatus.RUNNING.value for s in steps):
+        state.drawn.put(key, (rows, html))
+    return html
+
+
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run_page(request: Request, run_id: RowId, who: Viewer) -> Response:
-    return _render(request, "run.html", who, **await _run_context(request, run_id))
+    context = await _run_context(request, run_id)
+    return _render(request, "run.html", who, live=_live_part(request, who, context), **context)
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse)
 async def run_live(request: Request, run_id: RowId, who: Viewer) -> Response:
     """The changing part of the run page, for htmx to swap in on each server-sent event."""
-    return _render(request, "_run_live.html", who, **await _run_context(request, run_id))
+    return HTMLResponse(_live_part(request, who, await _run_context(request, run_id)))
 
 
 @router.get("/runs/{run_id}/ledger", response_class=HTMLResponse)

@@ -9,6 +9,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from markupsafe import Markup
+
 from roadie.clock import Clock
 from roadie.engine import Engine
 from roadie.registry import Registry
@@ -85,10 +87,14 @@ class WebState:
     # server process sees it within that moment.
     tokens: Recent[str, TokenRow] = field(init=False)
     sessions: Recent[str, Any] = field(init=False)  # of `auth.Principal`, which imports this module
+    # The changing part of the pages of runs that have ended, drawn once, with the rows it
+    # was drawn from: given again only while a read finds the same rows (dashboard.py).
+    drawn: Recent[tuple[int, bool, str], tuple[Any, Markup]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = Recent(self.options.credentials_ttl)
         self.sessions = Recent(self.options.credentials_ttl)
+        self.drawn = Recent(600.0, size=32)
 
     def forget_credentials(self) -> None:
         """Check every token and session again on its next use (one was revoked or ended)."""
