@@ -85,8 +85,10 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
         static_url="/static/api-docs",
     )
     app.add_middleware(SecurityHeaders)
-    app.include_router(api.router)
+    # Routes are matched in turn: the pages' few first (a page would be tried against
+    # every API route before them; an API request passes the pages' quickly).
     app.include_router(dashboard.router)
+    app.include_router(api.router)
     app.include_router(gateway_router(lambda request: request.app.state.gateway))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
