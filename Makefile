@@ -43,14 +43,15 @@ PGBOUNCER_SHA256 := da72a3aba13072876d055a3e58dd4aba4a5de4ed6148e73033185245598f
 PGBOUNCER_HOME := .cache/pgbouncer-$(PGBOUNCER_VERSION)
 PGBOUNCER_BUILD_DEPS := gcc make pkg-config libevent-dev libssl-dev
 
-pgbouncer: $(PGBOUNCER_HOME)/bin/pgbouncer
+pgbouncer:
+	@$(MAKE) --no-print-directory $(PGBOUNCER_HOME)/bin/pgbouncer || echo "PgBouncer not built (see above) for the pgbouncer backend"
 	@command -v systemd-analyze >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd; } || echo "systemd-analyze missing: apt-get install -y systemd (as root) for tests/deploy"
 
 $(PGBOUNCER_HOME)/bin/pgbouncer:
 	@dpkg -s $(PGBOUNCER_BUILD_DEPS) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PGBOUNCER_BUILD_DEPS); } || { echo "to build PgBouncer: apt-get install -y $(PGBOUNCER_BUILD_DEPS) (as root)"; exit 1; }
 	rm -rf .cache/pgbouncer-src && mkdir -p .cache/pgbouncer-src
 	mirror=$$(sed -n -e 's/^URIs: *\([^ ]*\).*/\1/p' -e 's/^deb \(\[[^]]*\] \)\{0,1\}\([^ ]*\) .*/\2/p' \
-		/etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | grep -v security | head -n 1); \
+		/etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | grep -E '/debian/?$$' | head -n 1); \
 	$(PYTHON) -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
 		"$${mirror%/}/pool/main/p/pgbouncer/pgbouncer_$(PGBOUNCER_VERSION).orig.tar.gz" .cache/pgbouncer-src/src.tar.gz
 	echo "$(PGBOUNCER_SHA256)  .cache/pgbouncer-src/src.tar.gz" | sha256sum --check --quiet
