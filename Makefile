@@ -71,14 +71,14 @@ netns:
 	@{ command -v ip && command -v tc && command -v nft; } >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables; } || echo "ip, tc or nft missing: apt-get install -y iproute2 nftables (as root) for tests/chaos/test_network.py"
 
 # The crash-and-fault suite at the size docs/reliability.md reports, on every database
-# (about 50 minutes on 2 cores; it stops and starts the machine's PostgreSQL once, and
+# (about 50 minutes on 2 cores; it stops and starts a PostgreSQL server of its own, and
 # fails over clusters and cuts network links of its own), then the
 # many-worker simulation (tests/sim: 10,000 seeds on SQLite, 500 on each server, several hours;
 # failing seeds with their traces go to .sim-failures.txt);
 # `make test` runs it at CI size.
 chaos: $(STAMP) netns
 	rm -f .chaos.jsonl
-	ROADIE_CHAOS_RESTART=1 ROADIE_CHAOS_REPORT=.chaos.jsonl ROADIE_NETWORK_RUNS=200 ROADIE_NETWORK_SECONDS=120 \
+	ROADIE_CHAOS_REPORT=.chaos.jsonl ROADIE_NETWORK_RUNS=200 ROADIE_NETWORK_SECONDS=120 \
 		ROADIE_FAILOVERS=3 ROADIE_FAILOVER_RUNS=40 $(BIN)/python -m pytest tests/chaos -m chaos \
 		--chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
 	ROADIE_REMOTE_TRIALS=5 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/remote -k exact_through
