@@ -358,9 +358,11 @@ class Engine(Drain):
         for _ in range(max_ticks):
             due = await self.tick()
             await self.cleanups_done()
-            current = await self.store.runs_by_ids(ids)
+            # Their states only: a run's frozen definition grows with its steps, and
+            # decoding it at every tick would cost more than the tick.
+            current = await self.store.runs_by_ids(ids, definition=False)
             if all(settled(r) for r in current) or self._stopping.is_set():
-                return current
+                return await self.store.runs_by_ids(ids)
             if due is None:
                 due = self.clock.now() + timedelta(seconds=self.options.poll_interval)
             if isinstance(self.clock, FakeClock):

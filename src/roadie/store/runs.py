@@ -355,9 +355,15 @@ class RunQueries(Connector):
         result: set[int] = await self._read(work, one_statement=True)
         return result
 
-    async def runs_by_ids(self, run_ids: list[int]) -> list[RunRow]:
+    async def runs_by_ids(self, run_ids: list[int], *, definition: bool = True) -> list[RunRow]:
+        """These runs, in this order. `definition=False` as for `get_run`."""
+        query = select(*runs.c) if definition else select(*_RUN_STATE)
+        blank = {} if definition else {"definition": {}}
+
         async def work(conn: AsyncConnection) -> list[RunRow]:
-            found = {r.id: from_row(RunRow, r) for r in await conn.execute(select(runs).where(runs.c.id.in_(run_ids)))}
+            found = {
+                r.id: from_row(RunRow, r, **blank) for r in await conn.execute(query.where(runs.c.id.in_(run_ids)))
+            }
             missing = [i for i in run_ids if i not in found]
             if missing:
                 raise NotFound(f"no run {missing[0]}")
