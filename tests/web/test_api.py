@@ -209,9 +209,10 @@ def test_a_run_that_ended_with_rows_live_says_so_on_its_page_until_cleaned_up(si
 def test_a_finished_runs_page_is_drawn_once_and_drawn_again_when_its_rows_change(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The changing part of an ended run's page is drawn once and given again, to the page
-    and to its live refresh, while its rows read back the same; a cleanup that changes them
-    has it drawn again, and the page says what the cleanup did."""
+    """An ended run's page, and its changing part for the live refresh, are drawn on the
+    first two views (the first learns that the run has ended, the second keeps its rows) and
+    given again while its rows read back the same; a cleanup that changes them has the page
+    drawn again, and it says what the cleanup did."""
     drawn: list[int] = []
 
     def counted(run: Any, steps: Any, now: Any) -> Any:
@@ -225,14 +226,21 @@ def test_a_finished_runs_page_is_drawn_once_and_drawn_again_when_its_rows_change
     before = drawn.count(run["id"])
     page = site.get(f"/runs/{run['id']}").text
     assert 'id="left-behind"' in page
-    assert site.get(f"/runs/{run['id']}").text == page
-    assert site.get(f"/runs/{run['id']}/live").text in page
-    assert drawn.count(run["id"]) == before + 1
+    assert [site.get(f"/runs/{run['id']}").text for _ in range(3)] == [page] * 3
+    assert drawn.count(run["id"]) == before + 2
+    live = [site.get(f"/runs/{run['id']}/live").text for _ in range(3)]
+    assert live[0] in page
+    assert live == [live[0]] * 3
+    assert drawn.count(run["id"]) == before + 4
+    # Kept per viewer: another sees their own name and what their role may do.
+    theirs = site.get(f"/runs/{run['id']}", "operator").text
+    assert theirs != page
+    assert drawn.count(run["id"]) == before + 5
     assert site.post(f"/api/v1/runs/{run['id']}/cleanup", "operator", json={}).status_code == 200
     after = site.get(f"/runs/{run['id']}").text
     assert 'id="left-behind"' not in after
     assert "verified clean" in after
-    assert drawn.count(run["id"]) == before + 2
+    assert drawn.count(run["id"]) == before + 6
 
 
 def test_list_runs_filters_and_pages(site: Site) -> None:

@@ -93,11 +93,21 @@ STATES = [s.value for s in RunStatus]
 Version = Annotated[int | None, Query(ge=1, le=2**31 - 1)]
 
 
-def _render(request: Request, name: str, who: Principal | None, status_code: int = 200, **context: Any) -> Response:
+def _page_context(request: Request, who: Principal | None, context: dict[str, Any]) -> dict[str, Any]:
     context.update(auth.template_globals(who))
+    context["request"] = request
     context["can_operate"] = who is not None and who.role.allows(Role.OPERATOR)
     context["is_admin"] = who is not None and who.role.allows(Role.ADMIN)
-    return templates.TemplateResponse(request, name, context, status_code=status_code)
+    return context
+
+
+def _render(request: Request, name: str, who: Principal | None, status_code: int = 200, **context: Any) -> Response:
+    return templates.TemplateResponse(request, name, _page_context(request, who, context), status_code=status_code)
+
+
+def _render_text(request: Request, name: str, who: Principal | None, **context: Any) -> str:
+    """A page as text, for a caller that keeps it."""
+    return templates.get_template(name).render(_page_context(request, who, context))
 
 
 def error_page(request: Request, code: int, message: str) -> Response:
@@ -416,45 +426,58 @@ async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
     }
 
 
-def _live_part(request: Request, who: Principal, context: dict[str, Any]) -> Markup:
+def _draw_live(request: Request, who: Principal, context: dict[str, Any]) -> Markup:
     """The run page's changing part: its summary, timeline, steps and what it left in the
-    world. A run that has ended, with no cleanup under way, no longer moves with the clock,
-    so what is drawn for it is kept (`WebState.drawn`) and given again for as long as its
-    rows read back the same: staff reading a finished run, or many watching one, cost
-    the reads, not the drawing."""
-    state = state_of(request)
-    run, steps, resources = context["run"], context["steps"], context["resources"]
-    key = (run.id, who.role.allows(Role.OPERATOR), who.csrf or "")
-    rows = (run, steps, resources)
-    if (kept := state.drawn.get(key)) is not None and kept[0] == rows:
-        return kept[1]
-    left = _left_in_world(resources)
-    html = Markup(
+    world."""
+    run, steps = context["run"], context["steps"]
+    return Markup(
         templates.get_template("_run_live.html").render(
             **context,
             **auth.template_globals(who),
-            can_operate=key[1],
-            left=left,
+            can_operate=who.role.allows(Role.OPERATOR),
+            left=_left_in_world(context["resources"]),
             phase_names=[p.get("name", "") for p in run.definition.get("phases", [])],
-            timeline=layout(run, steps, state.clock.now()),
+            timeline=layout(run, steps, state_of(request).clock.now()),
         )
     )
+
+
+async def _run_drawing(request: Request, who: Principal, run_id: int, *, whole: bool) -> str:
+    """The run page (`whole`) or its changing part, drawn from the run's rows.
+
+    A run that has ended, with no cleanup under way and no step running, no longer moves
+    with the clock, so what is drawn for it is kept (`WebState.drawn`) and given again for
+    as long as its rows read back the same, compared as the driver gives them, before any
+    decoding: staff reading a finished run, or many watching one, cost one read of it.
+    The rows are read for the comparison before the drawing's own read, so a change
+    between the two makes the next request draw again rather than keep a stale page. A
+    run's first drawing keeps no rows (it is not known to have ended until it is read);
+    the next request reads them and draws again."""
+    state = state_of(request)
+    key = (run_id, who.actor, who.role.value, who.csrf or "", whole)
+    kept = state.drawn.get(key)
+    rows = await state.store.run_view_undecoded(run_id) if kept is not None else None
+    if kept is not None and kept[0] == rows:
+        return kept[1]
+    context = await _run_context(request, run_id)
+    live = _draw_live(request, who, context)
+    html = _render_text(request, "run.html", who, live=live, **context) if whole else str(live)
+    run = context["run"]
     timeless = run.ended_at is not None and not (run.cleanup_started_at and not run.cleanup_ended_at)
-    if timeless and not any(s.status == StepStatus.RUNNING.value for s in steps):
+    if timeless and not any(s.status == StepStatus.RUNNING.value for s in context["steps"]):
         state.drawn.put(key, (rows, html))
     return html
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run_page(request: Request, run_id: RowId, who: Viewer) -> Response:
-    context = await _run_context(request, run_id)
-    return _render(request, "run.html", who, live=_live_part(request, who, context), **context)
+    return HTMLResponse(await _run_drawing(request, who, run_id, whole=True))
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse)
 async def run_live(request: Request, run_id: RowId, who: Viewer) -> Response:
     """The changing part of the run page, for htmx to swap in on each server-sent event."""
-    return HTMLResponse(_live_part(request, who, await _run_context(request, run_id)))
+    return HTMLResponse(await _run_drawing(request, who, run_id, whole=False))
 
 
 @router.get("/runs/{run_id}/ledger", response_class=HTMLResponse)

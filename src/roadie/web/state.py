@@ -9,8 +9,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from markupsafe import Markup
-
 from roadie.clock import Clock
 from roadie.engine import Engine
 from roadie.registry import Registry
@@ -87,9 +85,10 @@ class WebState:
     # server process sees it within that moment.
     tokens: Recent[str, TokenRow] = field(init=False)
     sessions: Recent[str, Any] = field(init=False)  # of `auth.Principal`, which imports this module
-    # The changing part of the pages of runs that have ended, drawn once, with the rows it
-    # was drawn from: given again only while a read finds the same rows (dashboard.py).
-    drawn: Recent[tuple[int, bool, str], tuple[Any, Markup]] = field(init=False)
+    # The pages of runs that have ended (whole, and their changing part), drawn once, with
+    # the rows they were drawn from, undecoded: given again only while a read finds the
+    # same rows (dashboard.py). Keyed by run, viewer and whether the page is whole.
+    drawn: Recent[tuple[int, str, str, str, bool], tuple[Any, str]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = Recent(self.options.credentials_ttl)
