@@ -56,10 +56,11 @@ _VIEW_STEPS = (
     .order_by(steps.c.phase, steps.c.seq)
 )
 _VIEW_ROWS = select(run_resources).where(run_resources.c.run_id == bindparam("run_id")).order_by(run_resources.c.id)
-# The same three, each column as the driver gives it: no JSON, time or row decoded.
+# The same three, each column as the driver gives it: no JSON, time or row decoded. The
+# run's definition is left out: it is frozen when the run is made.
 _UNDECODED = tuple(
     view.with_only_columns(*(type_coerce(c, NullType()).label(c.name) for c in view.selected_columns))
-    for view in (_VIEW_RUN, _VIEW_STEPS, _VIEW_ROWS)
+    for view in (_VIEW_RUN_BARE, _VIEW_STEPS, _VIEW_ROWS)
 )
 
 
@@ -177,9 +178,10 @@ class RunQueries(Connector):
         return result
 
     async def run_view_undecoded(self, run_id: int) -> tuple[tuple[Any, ...], ...]:
-        """What `run_view` reads, as the driver gives it: two equal answers mean that
-        `run_view` would answer the same, and comparing them costs a fraction of decoding
-        (a page drawn from a run's rows can be given again while they stay the same).
+        """What `run_view` reads, as the driver gives it, but the run's definition (frozen
+        when the run is made): two equal answers mean that `run_view` would answer the
+        same, and comparing them costs a fraction of decoding (a page drawn from a run's
+        rows can be given again while they stay the same).
 
         Its three reads are not one snapshot (on SQLite, that would cost two more trips to
         the driver's thread than the reads): each part is as it was when it was read, so an
