@@ -180,20 +180,16 @@ class Connector:
             finally:
                 self.active -= 1
 
-    async def _read(
-        self, work: Callable[[AsyncConnection], Any], *, one_statement: bool = False, own_snapshots: bool = False
-    ) -> Any:
+    async def _read(self, work: Callable[[AsyncConnection], Any], *, one_statement: bool = False) -> Any:
         """Run `work`, which only reads. Its statements read one snapshot; `one_statement`
         says it runs just one, which on SQLite then needs no transaction of its own (the
-        hot reads of every web request: a token, a session, a run). `own_snapshots` says
-        its statements may each read their own, and are run as one-statement reads are."""
+        hot reads of every web request: a token, a session, a run)."""
         lost = 0
         while True:
             self.active += 1
             try:
                 async with self.engine.connect() as conn:
-                    alone = one_statement or own_snapshots
-                    await conn.execution_options(**{dialects.READ_ONLY: True, dialects.ONE_STATEMENT: alone})
+                    await conn.execution_options(**{dialects.READ_ONLY: True, dialects.ONE_STATEMENT: one_statement})
                     return await work(conn)
             except DBAPIError as exc:
                 # A read changes nothing: after a lost connection it is always safe again.

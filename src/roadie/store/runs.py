@@ -8,13 +8,19 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    CompoundSelect,
+    Text,
     and_,
     bindparam,
     case,
+    cast,
     func,
+    literal_column,
+    null,
     or_,
     select,
     type_coerce,
+    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -56,12 +62,32 @@ _VIEW_STEPS = (
     .order_by(steps.c.phase, steps.c.seq)
 )
 _VIEW_ROWS = select(run_resources).where(run_resources.c.run_id == bindparam("run_id")).order_by(run_resources.c.id)
-# The same three, each column as the driver gives it: no JSON, time or row decoded. The
-# run's definition is left out: it is frozen when the run is made.
-_UNDECODED = tuple(
-    view.with_only_columns(*(type_coerce(c, NullType()).label(c.name) for c in view.selected_columns))
-    for view in (_VIEW_RUN_BARE, _VIEW_STEPS, _VIEW_ROWS)
-)
+
+
+def _undecoded(dialect_name: str) -> CompoundSelect[Any]:
+    """The same three as one statement, each row tagged with the view it is from and each
+    column as the driver gives it: no JSON, time or row decoded. SQLite's columns take any
+    type; elsewhere each column is made text, so that the three can be one result. The
+    run's definition is left out: it is frozen when the run is made."""
+    views = (_VIEW_RUN_BARE, _VIEW_STEPS, _VIEW_ROWS)
+    width = max(len(view.selected_columns) for view in views)
+
+    def raw(column: Any) -> Any:
+        return type_coerce(column, NullType()) if dialect_name == "sqlite" else cast(column, Text)
+
+    return union_all(
+        *(
+            view.order_by(None).with_only_columns(
+                literal_column(str(tag)),
+                *(raw(c) for c in view.selected_columns),
+                *(null() for _ in range(width - len(view.selected_columns))),
+            )
+            for tag, view in enumerate(views)
+        )
+    )
+
+
+_UNDECODED = {name: _undecoded(name) for name in ("sqlite", "postgresql", "mysql", "mariadb")}
 
 
 class RunQueries(Connector):
@@ -177,21 +203,18 @@ class RunQueries(Connector):
         result: tuple[RunRow, list[StepRow], list[ResourceRow]] = await self._read(work)
         return result
 
-    async def run_view_undecoded(self, run_id: int) -> tuple[tuple[Any, ...], ...]:
+    async def run_view_undecoded(self, run_id: int) -> frozenset[tuple[Any, ...]]:
         """What `run_view` reads, as the driver gives it, but the run's definition (frozen
-        when the run is made): two equal answers mean that `run_view` would answer the
-        same, and comparing them costs a fraction of decoding (a page drawn from a run's
-        rows can be given again while they stay the same).
+        when the run is made), in one statement: two equal answers mean that `run_view`
+        would answer the same, and comparing them costs a fraction of decoding (a page
+        drawn from a run's rows can be given again while they stay the same). Each row
+        holds its id and the columns it is ordered by, so the rows are compared as a set."""
+        query = _UNDECODED[self.dialect]
 
-        Its three reads are not one snapshot (on SQLite, that would cost two more trips to
-        the driver's thread than the reads): each part is as it was when it was read, so an
-        answer equal to an earlier one says that each part was unchanged then."""
+        async def work(conn: AsyncConnection) -> frozenset[tuple[Any, ...]]:
+            return frozenset((await conn.execute(query, {"run_id": run_id})).tuples())
 
-        async def work(conn: AsyncConnection) -> tuple[tuple[Any, ...], ...]:
-            given = {"run_id": run_id}
-            return tuple([tuple((await conn.execute(view, given)).tuples()) for view in _UNDECODED])
-
-        result: tuple[tuple[Any, ...], ...] = await self._read(work, own_snapshots=True)
+        result: frozenset[tuple[Any, ...]] = await self._read(work, one_statement=True)
         return result
 
     async def list_runs(
