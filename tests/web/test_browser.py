@@ -29,6 +29,24 @@ INVASION = ROOT / "src/roadie/examples/invasion.yaml"
 # (ROADIE_SCREENSHOT=1), so that running the suite leaves the checkout as it was.
 SCREENSHOT = ROOT / "docs/screenshots/run-page.png"
 PHONE_SHOTS = {"/runs/1": "phone-run.png", "/events/invasion": "phone-event.png", "/runs/1/ledger": "phone-ledger.png"}
+# And every page as it first appears at each width, for docs/web.md's gallery.
+GALLERY = {
+    "/login": "login",
+    "/": "runs",
+    "/events": "events",
+    "/events/invasion": "event",
+    "/runs/1": "run",
+    "/runs/1/ledger": "ledger",
+    "/leases": "leases",
+    "/catalogue": "catalogue",
+    "/workers": "workers",
+    "/audit": "audit",
+}
+
+
+def _gallery_shot(page: Any, path: str, width: int) -> None:
+    if os.environ.get("ROADIE_SCREENSHOT") == "1":
+        page.screenshot(path=SCREENSHOT.parent / f"{GALLERY[path]}-{width}.jpg", type="jpeg", quality=80)
 
 
 def _free_port() -> int:
@@ -109,6 +127,13 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             page = browser.new_page(viewport={"width": 1366, "height": 900})
             page.goto(f"{base}/login")
             assert _accessibility(page, "/login", "1366 px") == []
+            _gallery_shot(page, "/login", 1366)
+            phone = browser.new_page(viewport={"width": 390, "height": 844})  # signed out
+            phone.goto(f"{base}/login")
+            assert _accessibility(phone, "/login", "390 px") == []
+            assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+            _gallery_shot(phone, "/login", 390)
+            phone.close()
             page.fill("#token", token)
             page.click("button[type=submit]")
             expect(page.locator("h1")).to_have_text("Runs")
@@ -158,10 +183,12 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             for path in PAGES:
                 page.goto(base + path)
                 problems += _accessibility(page, path, "1366 px")
+                _gallery_shot(page, path, 1366)
             page.set_viewport_size({"width": 390, "height": 844})
             for path in PAGES:
                 page.goto(base + path)
                 problems += _accessibility(page, path, "390 px")
+                _gallery_shot(page, path, 390)
                 wide = page.evaluate("document.documentElement.scrollWidth")
                 assert wide <= 390, f"{path} is {wide} px wide on a 390 px screen"
                 assert page.locator("header.top button").is_visible(), f"{path}: Sign out is off-screen"
