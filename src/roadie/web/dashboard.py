@@ -93,21 +93,20 @@ STATES = [s.value for s in RunStatus]
 Version = Annotated[int | None, Query(ge=1, le=2**31 - 1)]
 
 
-def _page_context(request: Request, who: Principal | None, context: dict[str, Any]) -> dict[str, Any]:
+def _page_context(who: Principal | None, context: dict[str, Any]) -> dict[str, Any]:
     context.update(auth.template_globals(who))
-    context["request"] = request
     context["can_operate"] = who is not None and who.role.allows(Role.OPERATOR)
     context["is_admin"] = who is not None and who.role.allows(Role.ADMIN)
     return context
 
 
 def _render(request: Request, name: str, who: Principal | None, status_code: int = 200, **context: Any) -> Response:
-    return templates.TemplateResponse(request, name, _page_context(request, who, context), status_code=status_code)
+    return templates.TemplateResponse(request, name, _page_context(who, context), status_code=status_code)
 
 
 def _render_text(request: Request, name: str, who: Principal | None, **context: Any) -> str:
-    """A page as text, for a caller that keeps it."""
-    return templates.get_template(name).render(_page_context(request, who, context))
+    """A page, or a part of one, as text: for a caller that keeps it or sends it alone."""
+    return templates.get_template(name).render(_page_context(who, {**context, "request": request}))
 
 
 def error_page(request: Request, code: int, message: str) -> Response:
@@ -429,15 +428,16 @@ async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
 def _draw_live(request: Request, who: Principal, context: dict[str, Any]) -> Markup:
     """The run page's changing part: its summary, timeline, steps and what it left in the
     world."""
-    run, steps = context["run"], context["steps"]
+    run = context["run"]
     return Markup(
-        templates.get_template("_run_live.html").render(
+        _render_text(
+            request,
+            "_run_live.html",
+            who,
             **context,
-            **auth.template_globals(who),
-            can_operate=who.role.allows(Role.OPERATOR),
             left=_left_in_world(context["resources"]),
             phase_names=[p.get("name", "") for p in run.definition.get("phases", [])],
-            timeline=layout(run, steps, state_of(request).clock.now()),
+            timeline=layout(run, context["steps"], state_of(request).clock.now()),
         )
     )
 
