@@ -45,6 +45,7 @@ from roadie.definitions import EventDefinition
 from roadie.engine import Engine, EngineOptions
 from roadie.modules import core
 from roadie.registry import Call, InspectCall, Inspected, Module, Registry, RevertCall
+from roadie.runtime import freeze_heap
 from roadie.states import Reversible
 from roadie.store import Store
 
@@ -252,6 +253,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--postgresql", help="also measure on this server (a fresh database per measurement)")
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
     args = parser.parse_args(argv)
+    freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     home = Path(tempfile.mkdtemp(prefix="roadie-cleanup-"))

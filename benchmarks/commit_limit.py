@@ -45,6 +45,7 @@ from sqlalchemy.sql.visitors import iterate
 from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
 
+from roadie.runtime import freeze_heap
 from roadie.store import Store
 from roadie.store.dialects import create_engine
 
@@ -391,6 +392,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--postgresql", default=DEFAULT_SERVERS["postgresql"])
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
     args = parser.parse_args(argv)
+    freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     home = Path(tempfile.mkdtemp(prefix="roadie-commits-"))

@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
 
+from roadie.runtime import freeze_heap
 from roadie.store.dialects import async_url
 
 try:
@@ -146,6 +147,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path, help="write (or replace) this script's section in this Markdown file")
     args = parser.parse_args(argv)
+    freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
 
     if DBOS is None:
         print("dbos is not installed: pip install -e '.[bench]'", file=sys.stderr)

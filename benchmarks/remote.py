@@ -44,6 +44,7 @@ from roadie.definitions import load_definition
 from roadie.engine import Engine, EngineOptions
 from roadie.registry import Call, build_registry
 from roadie.remote import attach_remote_modules, protocol
+from roadie.runtime import freeze_heap
 from roadie.store import Store
 
 SECRET = "benchmark-secret"
@@ -212,6 +213,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path)
     args = parser.parse_args(argv)
+    freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     home = Path(tempfile.mkdtemp(prefix="roadie-remote-"))
 

@@ -28,6 +28,7 @@ from roadie.engine import Engine, EngineOptions
 from roadie.modules import core
 from roadie.registry import Call, Module, Registry, RevertCall
 from roadie.registry.module import NoParams
+from roadie.runtime import freeze_heap
 from roadie.states import Reversible
 from roadie.store import Store
 from roadie.store.rows import EventRow
@@ -99,6 +100,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
     args = parser.parse_args(argv)
+    freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
 
     rows = []
     for action in ("none", "ledger"):

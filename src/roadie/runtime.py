@@ -6,6 +6,7 @@ surface imports the other.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +28,22 @@ log = structlog.get_logger(__name__)
 
 if TYPE_CHECKING:  # the gateway is a web app: its libraries are the `web` extra's
     from roadie.remote.gateway import Gateway
+
+
+_frozen = False
+
+
+def freeze_heap() -> None:
+    """Leave what a long-running process holds once it has started (its libraries, modules
+    and registry, some hundred thousand objects) out of the garbage collector's full
+    passes from now on, once per process: they live as long as it does, and a full pass
+    that walks them all took longer than the steps it came between (70-140 ms, about once
+    every thousand steps drained). Garbage there is now is collected first."""
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.collect()
+        gc.freeze()
 
 
 @dataclass

@@ -17,7 +17,7 @@ from rich.text import Text
 from roadie.cli.progress import RunProgress
 from roadie.definitions import load_definition
 from roadie.modules.sandbox import SandboxWorld
-from roadie.runtime import Context
+from roadie.runtime import Context, freeze_heap
 from roadie.store.dialects import redacted
 
 EXAMPLE = "invasion.yaml"
@@ -94,6 +94,7 @@ async def run_demo(ctx: Context, console: Console) -> bool:
         view(kind, data)
 
     ctx.engine.observer = observe
+    freeze_heap()
     with view:
         [ended] = await ctx.engine.settle([run.id])
     world.clear_faults()

@@ -37,7 +37,7 @@ from roadie.cli.events import apply_event
 from roadie.cli.progress import RunProgress
 from roadie.engine import settled
 from roadie.engine.cleanup import PreviewGroup
-from roadie.runtime import Context
+from roadie.runtime import Context, freeze_heap
 from roadie.states import RunStatus
 from roadie.store.rows import RunRow
 from roadie.views import shown, shown_all
@@ -85,6 +85,7 @@ def run_start(
         view = RunProgress(console if not as_json else make_console(quiet=True))
         view.watch(run.id, run.definition)
         ctx.engine.observer = view
+        freeze_heap()
         with view, _interruptible(ctx, run.id) as interrupted:
             [ended] = await ctx.engine.settle([run.id])
         if interrupted.is_set() and not settled(ended):

@@ -23,7 +23,7 @@ from roadie.cli.common import (
     print_json,
     require_web,
 )
-from roadie.runtime import Context
+from roadie.runtime import Context, freeze_heap
 from roadie.views import shown_all
 
 token_app = group("API tokens of `roadie serve`: create, list, revoke.")
@@ -72,6 +72,7 @@ def serve(
 
     app = create_app(options)
     config_ = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    freeze_heap()
     Server(config_, lambda: getattr(getattr(app.state, "gateway", None), "queue", None)).run(sockets=[sock])
 
 

@@ -21,7 +21,7 @@ from roadie.cli.common import (
     require_web,
     styled,
 )
-from roadie.runtime import Context
+from roadie.runtime import Context, freeze_heap
 from roadie.store.dialects import redacted
 from roadie.views import shown_all
 
@@ -70,6 +70,7 @@ def worker(
             f"worker {ctx.engine.worker_id} on {redacted(ctx.settings.database_url)} "
             f"(concurrency {options.concurrency}, claim ttl {options.claim_ttl:g}s)",
         )
+        freeze_heap()
         await ctx.engine.run_forever()
         console.print(f"worker {ctx.engine.worker_id} stopped")
 
@@ -111,6 +112,7 @@ def gateway(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
         console.print(f"gateway on http://{host}:{port} for {redacted(ctx.settings.database_url)}")
+        freeze_heap()
         if no_worker:
             await server.serve(sockets=[sock])
             return
