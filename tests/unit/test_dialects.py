@@ -105,4 +105,4 @@ def test_postgresql_gets_array_parameters_in_binary() -> None:
         finally:
             await engine.dispose()
 
-    assert asyncio.run(main()) == ("ListBinaryDumper", '{"a": "b\\"c"}')
+    assert asyncio.run(main()) == ("ListBinaryDumper", '{"a":"b\\"c"}')

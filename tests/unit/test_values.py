@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -13,7 +14,8 @@ from sqlalchemy import create_engine, insert, select
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.sqlite import DATETIME
 
-from roadie.store.dialects import json_loads
+from roadie.states import StepStatus
+from roadie.store.dialects import json_dumps, json_loads
 from roadie.store.rows import AuditRow, from_row, from_rows
 from roadie.store.tables import UTCDateTime, audit, metadata
 
@@ -63,6 +65,48 @@ def test_json_that_orjson_refuses_is_read_as_json_reads_it() -> None:
     assert json_loads('{"a": [1, 2.5, "x", null, true]}') == {"a": [1, 2.5, "x", None, True]}
     with pytest.raises(json.JSONDecodeError, match="property name"):
         json_loads("{not json")
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()  # NaN and the infinities too
+    | st.text(alphabet=st.characters(exclude_categories=())),  # lone surrogates too
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(JSON_VALUES)
+def test_a_json_column_is_written_so_that_it_reads_back_as_json_would_have_written_it(value: object) -> None:
+    """orjson writes what it can say exactly, json the rest (NaN, an integer past 64 bits, a
+    lone surrogate): whichever wrote it, the text reads back as json's own text does, and
+    NaN is refused where json refuses it."""
+    expected = json.dumps(json.loads(json.dumps(value)))
+    assert json.dumps(json_loads(json_dumps(value))) == expected
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            json_dumps(value, allow_nan=False)
+    else:
+        assert json_dumps(value, allow_nan=False) == json_dumps(value)
+
+
+def test_a_json_column_refuses_what_json_refuses_and_keeps_what_orjson_would_change() -> None:
+    @dataclass
+    class Thing:
+        name: str
+
+    for refused in (datetime(2026, 1, 1, tzinfo=UTC), Thing("x"), {1, 2}, b"raw"):
+        with pytest.raises(TypeError):
+            json_dumps({"value": refused})
+    # Not strings as keys, subclasses of JSON's types: json's text, not orjson's.
+    assert json_dumps({1: "a", "b": None}) == json.dumps({1: "a", "b": None})
+    assert json_dumps(StepStatus.READY) == json.dumps(StepStatus.READY)
+    assert json_dumps({"ref": "nullable"}) == json.dumps({"ref": "nullable"})
+    assert json_dumps([1, "é", {"a": 2.5}]) == '[1,"é",{"a":2.5}]'
 
 
 def test_rows_become_the_same_objects_whichever_way_they_are_made() -> None:

@@ -7,14 +7,13 @@ its reason, and the step still counts as done, because it is done (DESIGN §4 ru
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from roadie.registry import Answer, Registry
 from roadie.states import LEASE_KINDS, STEP_KIND
-from roadie.store import NewResource
+from roadie.store import NewResource, dialects
 
 MAX_KIND = 64
 MAX_REF = 190
@@ -74,7 +73,7 @@ def storable(value: Any) -> bool:
     value the database refuses would fail the whole batch being recorded: a ledger that
     throws (DESIGN §4 rule 5)."""
     try:
-        json.dumps(value, allow_nan=False)
+        dialects.json_dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return False
     return True

@@ -66,6 +66,29 @@ def json_loads(text: str | bytes) -> Any:
     return json.loads(text)
 
 
+# What orjson would write otherwise than json does is left to json: values it refuses (an
+# integer past 64 bits, a key that is not a string, a lone surrogate, a subclass of a JSON
+# type, a dataclass or a time, which json refuses too), and NaN and the infinities, which
+# it writes as null (so any null it writes sends the value to json). It writes a UUID and
+# an Enum, which json refuses, as their text and their value.
+_ORJSON_EXACT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
+def json_dumps(value: Any, *, allow_nan: bool = True) -> str:
+    """A JSON column's text: orjson's (compact, UTF-8), which takes a quarter of json's time,
+    where it reads back as the same value; json's otherwise. `allow_nan=False` raises
+    `ValueError` for NaN and the infinities, as json does."""
+    if value is None:
+        return "null"
+    try:
+        text = orjson.dumps(value, option=_ORJSON_EXACT)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, allow_nan=allow_nan)
+    if b"null" in text:
+        return json.dumps(value, allow_nan=allow_nan)
+    return text.decode()
+
+
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """The engine for an operator's URL; a URL that names no database Roadie speaks is a
     `ConfigError` saying which it does."""
@@ -87,6 +110,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if backend == "sqlite":
         kwargs.setdefault("module", sqlite_driver.dbapi())
     kwargs.setdefault("json_deserializer", json_loads)
+    kwargs.setdefault("json_serializer", json_dumps)
     try:
         engine = create_async_engine(async_url(url), **kwargs)
     except ImportError as exc:  # the driver is an extra: `postgresql` or `mariadb`
