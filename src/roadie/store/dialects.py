@@ -7,6 +7,7 @@ import math
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -444,37 +445,52 @@ def insert_rows(
     prepares it, where the row-by-row VALUES lists SQLAlchemy writes for a RETURNING make
     a new text of 12 parameters a row for each batch size (a batch of 100 resources: 8 ms
     against 4). The rows a RETURNING gives back are then in no particular order. Elsewhere
-    the rows as they are, for the driver's executemany."""
+    the rows as they are, for the driver's executemany. The statement is made once for
+    each table and set of keys."""
+    names = tuple(rows[0])
+    statement = _inserting(dialect_name, table, names, ignore)
     if dialect_name != "postgresql":
-        return (insert_ignore(dialect_name, table) if ignore else table.insert()), rows
-    names = list(rows[0])
-    statement = postgresql.insert(table).from_select(names, unnested({name: table.c[name] for name in names}, rows))
-    return (statement.on_conflict_do_nothing() if ignore else statement), None
+        return statement, rows
+    return statement, {f"rows_{name}": [row[name] for row in rows] for name in names}
 
 
-def many_rows(
-    dialect_name: str, columns: Mapping[str, ColumnElement[Any]], rows: list[dict[str, Any]]
-) -> tuple[Any, tuple[Any, ...]]:
-    """What an UPDATE of many rows, each with its own values, reads them from, and what to
-    execute it with: `(source, executed)`, where `source[key]` stands for each row's value
-    of `key`. On PostgreSQL a table unnested from one array per key (`UPDATE ... FROM`), one
-    statement of fixed text; elsewhere bind parameters, for the driver's executemany."""
+@cache
+def _inserting(dialect_name: str, table: Table, names: tuple[str, ...], ignore: bool) -> Insert:
+    if dialect_name != "postgresql":
+        return insert_ignore(dialect_name, table) if ignore else table.insert()
+    statement = postgresql.insert(table).from_select(list(names), unnested({name: table.c[name] for name in names}))
+    return statement.on_conflict_do_nothing() if ignore else statement
+
+
+def many_rows(dialect_name: str, columns: Mapping[str, ColumnElement[Any]]) -> Any:
+    """What an UPDATE of many rows, each with its own values, reads them from: `source`,
+    where `source[key]` stands for each row's value of `key` (`many_rows_params` gives
+    the rows to execute it with). On PostgreSQL a table unnested from one array per key
+    (`UPDATE ... FROM`), one statement of fixed text; elsewhere bind parameters, for the
+    driver's executemany. Made once, a statement built on it is used again and again."""
     if dialect_name == "postgresql":
-        return unnested(columns, rows).subquery("source").c, ()
-    return {key: bindparam(key) for key in columns}, (rows,)
+        return unnested(columns).subquery("source").c
+    return {key: bindparam(key) for key in columns}
 
 
-def unnested(columns: Mapping[str, ColumnElement[Any]], rows: list[dict[str, Any]]) -> Select[Any]:
-    """PostgreSQL: `rows` as a SELECT of one `unnest(array)` per key of `columns`, each
-    array typed as the column its values are written to and labelled with its key. The
-    arrays are sent in binary (`_configure_postgresql`). Their parameters are named: an
-    anonymous one is named by a regular expression as the statement is compiled, and
-    SQLAlchemy compiles a dialect's INSERT ... ON CONFLICT at every execution."""
+def many_rows_params(
+    dialect_name: str, columns: Mapping[str, ColumnElement[Any]], rows: list[dict[str, Any]]
+) -> dict[str, list[Any]] | list[dict[str, Any]]:
+    """The parameters to execute a statement built on `many_rows(columns)` with."""
+    if dialect_name == "postgresql":
+        return {f"rows_{key}": [row[key] for row in rows] for key in columns}
+    return rows
+
+
+def unnested(columns: Mapping[str, ColumnElement[Any]]) -> Select[Any]:
+    """PostgreSQL: rows as a SELECT of one `unnest(array)` per key of `columns`, each array
+    typed as the column its values are written to and labelled with its key, and given
+    when the statement is executed as the parameter `rows_KEY`. The arrays are sent in
+    binary (`_configure_postgresql`). Their parameters are named: an anonymous one is
+    named by a regular expression as the statement is compiled, and SQLAlchemy compiles a
+    dialect's INSERT ... ON CONFLICT at every execution."""
     return select(
-        *(
-            func.unnest(bindparam(f"rows_{key}", [row[key] for row in rows], type_=_array_of(column))).label(key)
-            for key, column in columns.items()
-        )
+        *(func.unnest(bindparam(f"rows_{key}", type_=_array_of(column))).label(key) for key, column in columns.items())
     )
 
 
@@ -485,6 +501,14 @@ def one_of(dialect_name: str, column: ColumnElement[Any], values: Sequence[Any])
     if dialect_name == "postgresql":
         return column == any_(bindparam(None, list(values), type_=_array_of(column)))
     return column.in_(values)
+
+
+def one_of_param(dialect_name: str, column: ColumnElement[Any], name: str) -> ColumnElement[bool]:
+    """`one_of` with its values left to the parameter `name` (a list), given when the
+    statement is executed: the statement is then made once and used again and again."""
+    if dialect_name == "postgresql":
+        return column == any_(bindparam(name, type_=_array_of(column)))
+    return column.in_(bindparam(name, expanding=True))
 
 
 def _array_of(column: ColumnElement[Any]) -> postgresql.ARRAY[Any]:

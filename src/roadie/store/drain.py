@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    Integer,
+    Select,
+    Update,
     bindparam,
     case,
     func,
@@ -59,11 +63,12 @@ class DrainQueries(Connector):
         Each claimed attempt carries `token` (minted by the caller for this claim, never
         reused), which every later write about the attempt must name.
         """
+        expires = now + timedelta(seconds=claim_ttl)
         values = {
             "status": StepStatus.RUNNING.value,
             "claimed_by": worker,
             "claim_token": token,
-            "claim_expires": now + timedelta(seconds=claim_ttl),
+            "claim_expires": expires,
             "attempts": steps.c.attempts + 1,
             "started_at": func.coalesce(steps.c.started_at, now),
         }
@@ -72,16 +77,8 @@ class DrainQueries(Connector):
 
         async def work(conn: AsyncConnection) -> list[Claimed]:
             if dialects.returning_update(self.dialect):
-                runnable = (
-                    select(steps.c.id)
-                    .join(runs, runs.c.id == steps.c.run_id)
-                    .where(*ready, runs.c.cancel_requested.is_(False))
-                    .order_by(*order)
-                    .limit(limit)
-                )
-                runnable = dialects.skip_locked(self.dialect, runnable, of=steps)
-                statement = update(steps).where(steps.c.id.in_(runnable.scalar_subquery())).values(**values)
-                rows = (await conn.execute(statement.returning(*steps.c))).all()
+                given = {"b_now": now, "b_limit": limit, "b_worker": worker, "b_token": token, "b_expires": expires}
+                rows = (await conn.execute(_claiming(self.dialect), given)).all()
             else:
                 # MariaDB: no UPDATE ... RETURNING, and a locking read over a join would lock
                 # the run's row too, so that two workers could never share one run's steps.
@@ -241,15 +238,7 @@ class DrainQueries(Connector):
             await record_resources(conn, self.dialect, current)
             resolved = [o.step.idempotency_key for o in current if o.resolve_placeholder]
             for chunk in chunks(resolved):
-                await conn.execute(
-                    update(run_resources)
-                    .where(
-                        run_resources.c.kind == STEP_KIND,
-                        dialects.one_of(self.dialect, run_resources.c.ref, chunk),
-                        run_resources.c.state == ResourceState.PENDING.value,
-                    )
-                    .values(state=ResourceState.RESOLVED.value, updated_at=current[0].at)
-                )
+                await conn.execute(_resolving(self.dialect), {"b_refs": list(chunk), "b_at": current[0].at})
             for o in current:
                 if o.confirm_lease and o.step.lease_ref:
                     layer = o.step.layered
@@ -299,31 +288,8 @@ class DrainQueries(Connector):
                     "b_log": [*(o.step.attempt_log or []), entry],
                 }
             )
-        c = steps.c
-        key = {"b_id": c.id, "b_token": c.claim_token}
-        written = {
-            "b_status": c.status,
-            "b_output": c.output,
-            "b_error": c.error,
-            "b_rejections": c.rejections,
-            "b_not_before": c.not_before,
-            "b_ended_at": c.ended_at,
-            "b_log": c.attempt_log,
-        }
-        ending, executed = dialects.many_rows(self.dialect, key | written, params)
-        statement = (
-            update(steps)
-            .where(
-                c.id == ending["b_id"],
-                c.status == StepStatus.RUNNING.value,
-                # Only the claim that dispatched this attempt may end it: a worker whose
-                # claim expired and was taken over answers too late to count.
-                c.claim_token == ending["b_token"],
-            )
-            .values({column: ending[name] for name, column in written.items()})
-            .values(claimed_by=None, claim_expires=None, claim_token=None)
-        )
-        ended = await conn.execute(statement, *executed)
+        executed = dialects.many_rows_params(self.dialect, _ENDING, params)
+        ended = await conn.execute(_ending(self.dialect), executed)
         if ended.rowcount != len(params):  # pragma: no cover - the rows are locked since _held_steps
             raise ClaimLost(f"{len(params) - ended.rowcount} of {len(params)} steps changed hands while recording")
 
@@ -445,6 +411,102 @@ class DrainQueries(Connector):
         return result
 
 
+_WRITTEN = {
+    "b_status": steps.c.status,
+    "b_output": steps.c.output,
+    "b_error": steps.c.error,
+    "b_rejections": steps.c.rejections,
+    "b_not_before": steps.c.not_before,
+    "b_ended_at": steps.c.ended_at,
+    "b_log": steps.c.attempt_log,
+}
+_ENDING = {"b_id": steps.c.id, "b_token": steps.c.claim_token} | _WRITTEN
+
+
+# The drain's statements are made once per dialect, their values given as parameters:
+# making one (SQLAlchemy builds a statement object by object, then walks it for its cache
+# key) cost as much as executing it, in every transaction of a drain whose batches are
+# small (a module slower than a commit).
+
+
+@cache
+def _ending(dialect: str) -> Update:
+    """Steps ended, each with its own values (`_ENDING`, from `many_rows`)."""
+    c, ending = steps.c, dialects.many_rows(dialect, _ENDING)
+    return (
+        update(steps)
+        .where(
+            c.id == ending["b_id"],
+            c.status == StepStatus.RUNNING.value,
+            # Only the claim that dispatched this attempt may end it: a worker whose
+            # claim expired and was taken over answers too late to count.
+            c.claim_token == ending["b_token"],
+        )
+        .values({column: ending[name] for name, column in _WRITTEN.items()})
+        .values(claimed_by=None, claim_expires=None, claim_token=None)
+    )
+
+
+@cache
+def _holding(dialect: str) -> Select[Any]:
+    """Running steps among `b_ids` under any of the claims `b_tokens`, locked."""
+    return (
+        select(steps.c.id, steps.c.claim_token)
+        .where(
+            dialects.one_of_param(dialect, steps.c.id, "b_ids"),
+            dialects.one_of_param(dialect, steps.c.claim_token, "b_tokens"),
+            steps.c.status == StepStatus.RUNNING.value,
+        )
+        .with_for_update()
+    )
+
+
+@cache
+def _resolving(dialect: str) -> Update:
+    """The pending placeholders of the steps whose keys are `b_refs`, resolved at `b_at`."""
+    return (
+        update(run_resources)
+        .where(
+            run_resources.c.kind == STEP_KIND,
+            dialects.one_of_param(dialect, run_resources.c.ref, "b_refs"),
+            run_resources.c.state == ResourceState.PENDING.value,
+        )
+        .values(state=ResourceState.RESOLVED.value, updated_at=bindparam("b_at", type_=run_resources.c.updated_at.type))
+    )
+
+
+@cache
+def _claiming(dialect: str) -> Update:
+    """Up to `b_limit` runnable steps, due at `b_now`, claimed by `b_worker` under the
+    token `b_token` until `b_expires`, and returned (where UPDATE ... RETURNING exists)."""
+    now = bindparam("b_now", type_=steps.c.not_before.type)
+    runnable = (
+        select(steps.c.id)
+        .join(runs, runs.c.id == steps.c.run_id)
+        .where(
+            steps.c.status == StepStatus.READY.value,
+            steps.c.not_before <= now,
+            runs.c.cancel_requested.is_(False),
+        )
+        .order_by(steps.c.not_before, steps.c.id)
+        .limit(bindparam("b_limit", type_=Integer()))
+    )
+    runnable = dialects.skip_locked(dialect, runnable, of=steps)
+    return (
+        update(steps)
+        .where(steps.c.id.in_(runnable.scalar_subquery()))
+        .values(
+            status=StepStatus.RUNNING.value,
+            claimed_by=bindparam("b_worker", type_=steps.c.claimed_by.type),
+            claim_token=bindparam("b_token", type_=steps.c.claim_token.type),
+            claim_expires=bindparam("b_expires", type_=steps.c.claim_expires.type),
+            attempts=steps.c.attempts + 1,
+            started_at=func.coalesce(steps.c.started_at, now),
+        )
+        .returning(*steps.c)
+    )
+
+
 async def _held_steps(conn: AsyncConnection, dialect: str, outcomes: list[Outcome]) -> set[int]:
     """The steps of `outcomes` still held by the attempt that answered, locked until the
     transaction ends so that no requeue can take them between the check and the writes.
@@ -454,16 +516,8 @@ async def _held_steps(conn: AsyncConnection, dialect: str, outcomes: list[Outcom
     pairs = {(o.step.id, o.step.claim_token) for o in outcomes if o.step.claim_token is not None}
     held: set[int] = set()
     for chunk in chunks(sorted(pairs), 200):
-        query = (
-            select(steps.c.id, steps.c.claim_token)
-            .where(
-                dialects.one_of(dialect, steps.c.id, [i for i, _ in chunk]),
-                dialects.one_of(dialect, steps.c.claim_token, sorted({t for _, t in chunk})),
-                steps.c.status == StepStatus.RUNNING.value,
-            )
-            .with_for_update()
-        )
-        held.update(int(r.id) for r in await conn.execute(query) if (r.id, r.claim_token) in pairs)
+        given = {"b_ids": [i for i, _ in chunk], "b_tokens": sorted({t for _, t in chunk})}
+        held.update(int(r.id) for r in await conn.execute(_holding(dialect), given) if (r.id, r.claim_token) in pairs)
     return held
 
 
