@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import os
 import secrets
 import shutil
@@ -113,6 +114,11 @@ class Database:
         return url.render_as_string(hide_password=False)
 
     def drop_all(self) -> None:
+        # A connection a cancelled task left behind is closed only when the garbage
+        # collector frees it (PostgreSQL's log then says the client reset it), and the
+        # server refuses to drop a database one is still open on: free them first.
+        if self.made:
+            gc.collect()
         # PgBouncer keeps server connections to a database after its clients are gone.
         force = " WITH (FORCE)" if self.backend == "pgbouncer" else ""
         for name in self.made:

@@ -8,6 +8,7 @@ from functools import cache
 
 import structlog
 from sqlalchemy import (
+    Insert,
     Update,
     func,
     or_,
@@ -323,6 +324,14 @@ async def mark_dirty(conn: AsyncConnection, run_ids: Iterable[int]) -> None:
 
 
 @cache
+def _with_holders(statement: Insert) -> Insert:
+    """An insert of resources that returns the targets it inserted and their runs (made
+    once for each statement `insert_rows` makes)."""
+    cols = run_resources.c
+    return statement.returning(cols.owner, cols.kind, cols.ref, cols.run_id)
+
+
+@cache
 def _marking(dialect: str) -> Update:
     """`mark_dirty`'s statement, made once (its runs are the parameter `b_ids`)."""
     return (
@@ -362,8 +371,7 @@ async def record_resources(conn: AsyncConnection, dialect: str, outcomes: list[O
     if dialects.returning_update(dialect):
         # The rows that went in are this batch's; only the targets refused by the key
         # need a look at who holds them.
-        cols = run_resources.c
-        returned = await conn.execute(statement.returning(cols.owner, cols.kind, cols.ref, cols.run_id), parameters)
+        returned = await conn.execute(_with_holders(statement), parameters)
         inserted = {(r.owner, r.kind, r.ref): int(r.run_id) for r in returned}
     else:
         await conn.execute(statement, parameters)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Container, Iterable
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     CompoundSelect,
+    Select,
     Text,
     and_,
     bindparam,
@@ -395,10 +397,11 @@ class RunQueries(Connector):
         """Which of these runs an operator has asked to stop. One statement: the drain
         asks before each refill of its slots from the steps it claimed ahead."""
         ids = sorted(set(run_ids))
-        query = select(runs.c.id).where(runs.c.id.in_(ids), runs.c.cancel_requested.is_(True))
+        if not ids:
+            return set()
 
         async def work(conn: AsyncConnection) -> set[int]:
-            return {int(i) for i in (await conn.execute(query)).scalars()} if ids else set()
+            return {int(i) for i in (await conn.execute(_cancelling(self.dialect), {"b_ids": ids})).scalars()}
 
         result: set[int] = await self._read(work, one_statement=True)
         return result
@@ -459,3 +462,11 @@ async def skip_ready_steps(conn: AsyncConnection, run_ids: list[int], now: datet
         .where(steps.c.run_id.in_(run_ids), steps.c.status == StepStatus.READY.value)
         .values(status=StepStatus.SKIPPED.value, ended_at=now, error=why)
     )
+
+
+@cache
+def _cancelling(dialect: str) -> Select[Any]:
+    """Which of the runs `b_ids` an operator has asked to stop (made once: the drain asks
+    before each refill)."""
+    stopping = runs.c.cancel_requested.is_(True)
+    return select(runs.c.id).where(dialects.one_of_param(dialect, runs.c.id, "b_ids"), stopping)
