@@ -106,7 +106,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/commit_limit.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/web_latency.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/remote.py --write docs/benchmarks.md
-	$(BIN)/python -m pip install --quiet -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .chaos.jsonl .sim-failures.txt

@@ -40,8 +40,6 @@ import structlog
 from report import write_section
 from sqlalchemy import Column, Insert, Integer, MetaData, String, Table, Update, bindparam, event, insert, update
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.elements import BindParameter
-from sqlalchemy.sql.visitors import iterate
 from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
 
@@ -59,11 +57,12 @@ class Census:
     pending: Counter[str] = field(default_factory=Counter)
     size: int = 0  # steps in the transaction under way, set by the wrapped store methods
 
-    def statement(self, clause: Any, multiparams: Any, result: Any) -> None:
+    def statement(self, clause: Any, multiparams: Any, params: Any, result: Any) -> None:
         if isinstance(clause, Insert):
             # Rows offered: an insert that skips a duplicate offered it all the same.
-            if clause.select is not None:  # rows unnested from arrays (PostgreSQL)
-                rows = next(len(b.value) for b in iterate(clause.select) if isinstance(b, BindParameter))
+            if clause.select is not None:  # rows unnested from arrays (PostgreSQL), given as rows_KEY
+                given = multiparams[0] if multiparams else params
+                rows = next(len(v) for k, v in given.items() if k.startswith("rows_"))
             else:
                 rows = len(multiparams) if isinstance(multiparams, list | tuple) and multiparams else 1
             self.pending[f"INSERT {clause.table.name}"] += rows
@@ -85,7 +84,7 @@ class Census:
 def _instrument(store: Store, census: Census) -> None:
     @event.listens_for(store.engine.sync_engine, "after_execute")
     def _after(conn: Any, clause: Any, multiparams: Any, params: Any, options: Any, result: Any) -> None:
-        census.statement(clause, multiparams, result)
+        census.statement(clause, multiparams, params, result)
 
     @event.listens_for(store.engine.sync_engine, "begin")
     def _begin(conn: Any) -> None:

@@ -112,7 +112,8 @@ def _section(rows: list[tuple[str, str, str, dict[str, float], float]], args: ar
         "The same shapes as Roadie runs (in-process no-op module, one engine, concurrency "
         f"{args.concurrency}, `engine.settle`) and as DBOS Transact workflows of trivial `@DBOS.step()` steps "
         "(one workflow called directly; many started with `DBOS.start_workflow`, DBOS's default executor), "
-        "on the same database server in the same process run. Each measurement gets a fresh database and is "
+        "on the same database server in the same process run, whose start-up heap is frozen as a worker's is "
+        "(`roadie.runtime.freeze_heap`). Each measurement gets a fresh database and is "
         "timed from the first run or workflow started to the last ended, creation included on both sides; "
         f"repetitions are interleaved; median of {args.repeats} (min–max). Roadie's SQLite is WAL with "
         "synchronous=FULL; DBOS's is its own default (rollback journal, `BEGIN IMMEDIATE`).",
