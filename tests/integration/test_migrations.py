@@ -11,6 +11,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.conftest import Harness
 from tests.databases import PLANTED_PASSWORD, Database
 
@@ -118,16 +120,10 @@ def test_a_migration_lock_held_too_long_is_one_line_naming_its_holder(
         holder = dialects.create_engine(url, isolation_level="AUTOCOMMIT")
         try:
             async with holder.connect() as conn:
-                if database.dialect == "postgresql":
-                    await conn.exec_driver_sql("BEGIN")
-                    await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(x'726F6164'::int)")
-                    pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar()
-                else:
-                    await conn.exec_driver_sql("SELECT GET_LOCK('roadie.migrate', 0)")
-                    pid = (await conn.exec_driver_sql("SELECT CONNECTION_ID()")).scalar()
+                pid = await _hold_migration_lock(conn, url)
                 with pytest.raises(StoreError) as refused:
                     await Store.open(url)
-                return int(pid), str(refused.value)
+                return pid, str(refused.value)
         finally:
             await holder.dispose()
 
@@ -138,6 +134,45 @@ def test_a_migration_lock_held_too_long_is_one_line_naming_its_holder(
     assert message.startswith("cannot migrate the database"), message
     assert PLANTED_PASSWORD not in message
     asyncio.run(_close(Store.open(url)))
+
+
+def test_a_migration_lock_guards_its_own_database_only(
+    tmp_path: Path, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: MariaDB's migration lock was one name for the whole server, so a process
+    migrating one database held up every other database's (and a session holding it for
+    one failed the opening of all). Now each database has its own, as PostgreSQL's
+    advisory locks are a database's."""
+    if database.backend == "sqlite":
+        pytest.skip("a SQLite file is its own lock")
+    held, other = database.fresh(tmp_path), database.fresh(tmp_path)
+    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT", 1.5)
+    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT_QUIETLY", 0.5)
+
+    async def main() -> None:
+        holder = dialects.create_engine(held, isolation_level="AUTOCOMMIT")
+        try:
+            async with holder.connect() as conn:
+                await _hold_migration_lock(conn, held)
+                await _close(Store.open(other))
+                with pytest.raises(StoreError, match="migration lock"):
+                    await Store.open(held)
+        finally:
+            await holder.dispose()
+
+    asyncio.run(main())
+
+
+async def _hold_migration_lock(conn: AsyncConnection, url: str) -> int:
+    """Take the migration lock of the database at `url` on `conn`, as a migrating process
+    would; answers the session's id."""
+    if conn.dialect.name == "postgresql":
+        await conn.exec_driver_sql("BEGIN")
+        await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(x'726F6164'::int)")
+        return int((await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one())
+    lock = dialects.migration_lock_name(make_url(url).database)
+    assert (await conn.exec_driver_sql(f"SELECT GET_LOCK('{lock}', 0)")).scalar() == 1
+    return int((await conn.exec_driver_sql("SELECT CONNECTION_ID()")).scalar_one())
 
 
 async def _close(opening: Any) -> None:

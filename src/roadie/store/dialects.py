@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sqlite3
@@ -576,14 +577,22 @@ def lock_for_migration(connection: Connection) -> Callable[[], None]:
             return lambda: None
         raise _held(holder, "SELECT pg_terminate_backend({pid})")
     if name in MYSQL_FAMILY:
+        lock = migration_lock_name(connection.engine.url.database)
         for i, wait in enumerate(waits):
-            if connection.exec_driver_sql(f"SELECT GET_LOCK('roadie.migrate', {math.ceil(wait)})").scalar() == 1:
-                return lambda: connection.exec_driver_sql("SELECT RELEASE_LOCK('roadie.migrate')").close()
+            if connection.exec_driver_sql(f"SELECT GET_LOCK('{lock}', {math.ceil(wait)})").scalar() == 1:
+                return lambda: connection.exec_driver_sql(f"SELECT RELEASE_LOCK('{lock}')").close()
             holder = _migration_lock_holder(connection) or holder
             if i < last:
                 log.warning("waiting for the migration lock", holder=holder, wait_s=MIGRATION_LOCK_WAIT)
         raise _held(holder, "KILL {pid}")
     return lambda: None
+
+
+def migration_lock_name(database: str | None) -> str:
+    """MariaDB's migration lock. A named lock is the server's, not a database's (where
+    PostgreSQL's advisory locks are a database's): its name says which database it guards,
+    hashed to keep within the 64 characters a name may have."""
+    return "roadie.migrate." + hashlib.sha256((database or "").encode()).hexdigest()[:40]
 
 
 def _migration_lock_holder(connection: Connection) -> dict[str, Any] | None:
@@ -594,6 +603,7 @@ def _migration_lock_holder(connection: Connection) -> dict[str, Any] | None:
             " round(extract(epoch FROM clock_timestamp() - a.xact_start))::int"
             " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
             f" WHERE l.locktype = 'advisory' AND l.granted AND l.objid = {_MIGRATION_LOCK} AND l.classid = 0"
+            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ).first()
         if row is None:
             return None
@@ -602,7 +612,7 @@ def _migration_lock_holder(connection: Connection) -> dict[str, Any] | None:
                 "held_s": held}  # fmt: skip
     row = connection.exec_driver_sql(
         "SELECT p.id, p.host, p.command, p.time FROM information_schema.processlist p"
-        " WHERE p.id = IS_USED_LOCK('roadie.migrate')"
+        f" WHERE p.id = IS_USED_LOCK('{migration_lock_name(connection.engine.url.database)}')"
     ).first()
     if row is None:
         return None
