@@ -114,15 +114,20 @@ class Database:
         return url.render_as_string(hide_password=False)
 
     def drop_all(self) -> None:
-        # A connection a cancelled task left behind is closed only when the garbage
-        # collector frees it (PostgreSQL's log then says the client reset it), and the
-        # server refuses to drop a database one is still open on: free them first.
-        if self.made:
-            gc.collect()
         # PgBouncer keeps server connections to a database after its clients are gone.
         force = " WITH (FORCE)" if self.backend == "pgbouncer" else ""
         for name in self.made:
-            asyncio.run(_admin(self._admin_url, f"DROP DATABASE IF EXISTS {name}{force}"))
+            drop = f"DROP DATABASE IF EXISTS {name}{force}"
+            try:
+                asyncio.run(_admin(self._admin_url, drop))
+            except Exception as exc:
+                if "is being accessed by other users" not in str(exc):
+                    raise
+                # A connection a cancelled task left behind is closed only when the
+                # garbage collector frees it (the server's log then says the client reset
+                # it): free it, and drop again.
+                gc.collect()
+                asyncio.run(_admin(self._admin_url, drop))
         self.made.clear()
 
 
