@@ -64,16 +64,6 @@ class DrainQueries(Connector):
         reused), which every later write about the attempt must name.
         """
         expires = now + timedelta(seconds=claim_ttl)
-        values = {
-            "status": StepStatus.RUNNING.value,
-            "claimed_by": worker,
-            "claim_token": token,
-            "claim_expires": expires,
-            "attempts": steps.c.attempts + 1,
-            "started_at": func.coalesce(steps.c.started_at, now),
-        }
-        ready = [steps.c.status == StepStatus.READY.value, steps.c.not_before <= now]
-        order = (steps.c.not_before, steps.c.id)
 
         async def work(conn: AsyncConnection) -> list[Claimed]:
             if dialects.returning_update(self.dialect):
@@ -82,6 +72,16 @@ class DrainQueries(Connector):
             else:
                 # MariaDB: no UPDATE ... RETURNING, and a locking read over a join would lock
                 # the run's row too, so that two workers could never share one run's steps.
+                values = {
+                    "status": StepStatus.RUNNING.value,
+                    "claimed_by": worker,
+                    "claim_token": token,
+                    "claim_expires": expires,
+                    "attempts": steps.c.attempts + 1,
+                    "started_at": func.coalesce(steps.c.started_at, now),
+                }
+                ready = [steps.c.status == StepStatus.READY.value, steps.c.not_before <= now]
+                order = (steps.c.not_before, steps.c.id)
                 stopped = [
                     r.id
                     for r in await conn.execute(
