@@ -63,49 +63,54 @@ class DrainQueries(Connector):
         Each claimed attempt carries `token` (minted by the caller for this claim, never
         reused), which every later write about the attempt must name.
         """
-        expires = now + timedelta(seconds=claim_ttl)
 
         async def work(conn: AsyncConnection) -> list[Claimed]:
-            if dialects.returning_update(self.dialect):
-                given = {"b_now": now, "b_limit": limit, "b_worker": worker, "b_token": token, "b_expires": expires}
-                rows = (await conn.execute(_claiming(self.dialect), given)).all()
-            else:
-                # MariaDB: no UPDATE ... RETURNING, and a locking read over a join would lock
-                # the run's row too, so that two workers could never share one run's steps.
-                values = {
-                    "status": StepStatus.RUNNING.value,
-                    "claimed_by": worker,
-                    "claim_token": token,
-                    "claim_expires": expires,
-                    "attempts": steps.c.attempts + 1,
-                    "started_at": func.coalesce(steps.c.started_at, now),
-                }
-                ready = [steps.c.status == StepStatus.READY.value, steps.c.not_before <= now]
-                order = (steps.c.not_before, steps.c.id)
-                stopped = [
-                    r.id
-                    for r in await conn.execute(
-                        select(runs.c.id).where(
-                            runs.c.cancel_requested.is_(True),
-                            runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]),
-                        )
-                    )
-                ]
-                query = select(steps.c.id).where(*ready).order_by(*order).limit(limit)
-                if stopped:
-                    query = query.where(steps.c.run_id.not_in(stopped))
-                ids = list((await conn.execute(query.with_for_update(skip_locked=True))).scalars())
-                if not ids:
-                    return []
-                await conn.execute(update(steps).where(steps.c.id.in_(ids)).values(**values))
-                rows = (await conn.execute(select(steps).where(steps.c.id.in_(ids)))).all()
-            claimed = sorted((Claimed(step) for step in from_rows(StepRow, rows)), key=lambda c: c.step.id)
-            if claimed:
-                await self._reserve(conn, claimed, now)
-            return claimed
+            return await self._claim(conn, worker, now, limit, claim_ttl, token)
 
         result: list[Claimed] = await self._write("claim_steps", work)
         return result
+
+    async def _claim(
+        self, conn: AsyncConnection, worker: str, now: datetime, limit: int, claim_ttl: float, token: str
+    ) -> list[Claimed]:
+        expires = now + timedelta(seconds=claim_ttl)
+        if dialects.returning_update(self.dialect):
+            given = {"b_now": now, "b_limit": limit, "b_worker": worker, "b_token": token, "b_expires": expires}
+            rows = (await conn.execute(_claiming(self.dialect), given)).all()
+        else:
+            # MariaDB: no UPDATE ... RETURNING, and a locking read over a join would lock
+            # the run's row too, so that two workers could never share one run's steps.
+            values = {
+                "status": StepStatus.RUNNING.value,
+                "claimed_by": worker,
+                "claim_token": token,
+                "claim_expires": expires,
+                "attempts": steps.c.attempts + 1,
+                "started_at": func.coalesce(steps.c.started_at, now),
+            }
+            ready = [steps.c.status == StepStatus.READY.value, steps.c.not_before <= now]
+            order = (steps.c.not_before, steps.c.id)
+            stopped = [
+                r.id
+                for r in await conn.execute(
+                    select(runs.c.id).where(
+                        runs.c.cancel_requested.is_(True),
+                        runs.c.status.in_([RunStatus.PENDING.value, RunStatus.RUNNING.value]),
+                    )
+                )
+            ]
+            query = select(steps.c.id).where(*ready).order_by(*order).limit(limit)
+            if stopped:
+                query = query.where(steps.c.run_id.not_in(stopped))
+            ids = list((await conn.execute(query.with_for_update(skip_locked=True))).scalars())
+            if not ids:
+                return []
+            await conn.execute(update(steps).where(steps.c.id.in_(ids)).values(**values))
+            rows = (await conn.execute(select(steps).where(steps.c.id.in_(ids)))).all()
+        claimed = sorted((Claimed(step) for step in from_rows(StepRow, rows)), key=lambda c: c.step.id)
+        if claimed:
+            await self._reserve(conn, claimed, now)
+        return claimed
 
     async def _reserve(self, conn: AsyncConnection, claimed: list[Claimed], now: datetime) -> None:
         wanted: dict[tuple[str, str, str], list[Claimed]] = {}
@@ -229,40 +234,43 @@ class DrainQueries(Connector):
             return
 
         async def work(conn: AsyncConnection) -> None:
-            held = await _held_steps(conn, self.dialect, outcomes)
-            for o in outcomes:
-                o.stale = o.step.id not in held
-            current = [o for o in outcomes if not o.stale]
-            if not current:
-                return
-            await record_resources(conn, self.dialect, current)
-            resolved = [o.step.idempotency_key for o in current if o.resolve_placeholder]
-            for chunk in chunks(resolved):
-                await conn.execute(_resolving(self.dialect), {"b_refs": list(chunk), "b_at": current[0].at})
-            for o in current:
-                if o.confirm_lease and o.step.lease_ref:
-                    layer = o.step.layered
-                    await conn.execute(
-                        update(run_resources)
-                        .where(
-                            run_resources.c.owner == "core",
-                            run_resources.c.kind == (LAYER_KIND if layer else OVERRIDE_KIND),
-                            run_resources.c.ref == (o.step.idempotency_key if layer else o.step.lease_ref),
-                            run_resources.c.run_id == o.step.run_id,
-                            run_resources.c.state.in_(LIVE_STATES),
-                        )
-                        .values(state=ResourceState.LIVE.value, until=_held_until(o.lease_until), updated_at=o.at)
-                    )
-            await self._end_steps(conn, current)
-            fatal = {
-                o.step.run_id: f"step {o.step.name}: {o.error}"
-                for o in current
-                if o.status is StepStatus.FAILED and o.step.on_error == "fail"
-            }
-            if fatal:
-                await fail_runs(conn, fatal, current[0].at)
+            await self._record(conn, outcomes)
 
         await self._write("record_outcomes", work)
+
+    async def _record(self, conn: AsyncConnection, outcomes: list[Outcome]) -> None:
+        held = await _held_steps(conn, self.dialect, outcomes)
+        for o in outcomes:
+            o.stale = o.step.id not in held
+        current = [o for o in outcomes if not o.stale]
+        if not current:
+            return
+        await record_resources(conn, self.dialect, current)
+        resolved = [o.step.idempotency_key for o in current if o.resolve_placeholder]
+        for chunk in chunks(resolved):
+            await conn.execute(_resolving(self.dialect), {"b_refs": list(chunk), "b_at": current[0].at})
+        for o in current:
+            if o.confirm_lease and o.step.lease_ref:
+                layer = o.step.layered
+                await conn.execute(
+                    update(run_resources)
+                    .where(
+                        run_resources.c.owner == "core",
+                        run_resources.c.kind == (LAYER_KIND if layer else OVERRIDE_KIND),
+                        run_resources.c.ref == (o.step.idempotency_key if layer else o.step.lease_ref),
+                        run_resources.c.run_id == o.step.run_id,
+                        run_resources.c.state.in_(LIVE_STATES),
+                    )
+                    .values(state=ResourceState.LIVE.value, until=_held_until(o.lease_until), updated_at=o.at)
+                )
+        await self._end_steps(conn, current)
+        fatal = {
+            o.step.run_id: f"step {o.step.name}: {o.error}"
+            for o in current
+            if o.status is StepStatus.FAILED and o.step.on_error == "fail"
+        }
+        if fatal:
+            await fail_runs(conn, fatal, current[0].at)
 
     async def _end_steps(self, conn: AsyncConnection, outcomes: list[Outcome]) -> None:
         params = []
