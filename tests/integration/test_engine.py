@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 from tests.conftest import Crash, Harness
 
 from roadie.engine import Engine, EngineOptions
@@ -355,6 +356,44 @@ def test_answers_whose_recording_failed_are_recorded_again_not_redispatched(harn
     harness.run(body)
 
 
+def test_a_recording_that_failed_at_its_claim_keeps_neither_and_records_alone(harness: Harness) -> None:
+    """The transaction that records a batch and claims the next fails at the claim (the
+    connection lost as it commits, say): neither is kept. The answers are recorded again
+    on their own, as a recording that fails is, and the next steps claimed apart; every
+    step is dispatched once."""
+    harness.options = EngineOptions(seed=1, concurrency=2)
+    calls: list[str] = []
+    failed: list[str] = []
+
+    def fail_one_claim_with_a_recording(name: str) -> None:
+        if name == "claim_steps" and calls[-1] == "record_and_claim" and not failed:
+            failed.append(name)
+            raise StoreError("claim_steps: the connection was lost while committing")
+
+    async def body() -> None:
+        store = harness.store
+        for name in ("claim_steps", "record_outcomes", "record_and_claim"):
+            method = getattr(store, name)
+
+            async def logged(*args: Any, _name: str = name, _method: Any = method, **kwargs: Any) -> Any:
+                calls.append(_name)
+                return await _method(*args, **kwargs)
+
+            setattr(store, name, logged)
+        harness.write_points.extra = fail_one_claim_with_a_recording
+        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(4))
+        run = await harness.start(f"id: apart\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
+        [run] = await harness.settle(run)
+        assert failed, "a recording's claim should have failed"
+        assert calls[:4] == ["claim_steps", "record_and_claim", "claim_steps", "record_outcomes"], calls
+        assert run.status == "succeeded"
+        keys = [c.key for c in harness.probe.calls]
+        assert len(keys) == len(set(keys)) == 4, "every step is dispatched once"
+        assert [s.attempts for s in await harness.steps(run)] == [1, 1, 1, 1]
+
+    harness.run(body)
+
+
 def test_a_crash_before_recording_is_recovered_by_claim_expiry(harness: Harness) -> None:
     """A worker that dispatched and died before recording the answer loses its claim
     after `claim_ttl`; the step is retried under the same key, the world makes nothing
@@ -622,41 +661,63 @@ def test_a_slot_an_answer_frees_is_filled_before_the_answer_is_recorded(harness:
         assert order[:6] == ["dispatch", "dispatch", "record_outcomes", "dispatch", "record_outcomes", "dispatch"]
 
 
-def test_a_slot_freed_while_answers_are_recorded_is_filled_before_the_next_claim(harness: Harness) -> None:
+def test_a_slot_freed_while_answers_are_recorded_is_filled_before_the_next_commit(harness: Harness) -> None:
     """Issue 14: an answer that comes in while the drain records a batch frees its slot as
     soon as that commit is done: the next step claimed ahead is dispatched then, not after
-    the next claim's commit; the answer goes with the next recording.
+    another commit; the answer goes with the next recording. And the transaction that
+    records a batch claims the slots it frees: one commit, both write points before it.
 
-    Concurrency 2, up to 2 claimed ahead, s0 out throughout. s1 answers and is recorded;
-    the next claim takes s2-s4 (s2 dispatched, s3 and s4 ahead); s2 answers, s3 is
-    dispatched in its slot and the recording of s2 begins; s3 answers while it is under
-    way (the probe answers at once)."""
+    Concurrency 2, up to 2 claimed ahead, s0 out throughout. s1 answers and is recorded,
+    and s2-s4 claimed with it (s2 dispatched, s3 and s4 ahead); s2 answers, s3 is
+    dispatched in its slot and the recording of s2 begins, claiming s5; s3 answers while
+    it is under way (the probe answers at once)."""
     harness.options = EngineOptions(seed=1, concurrency=2, claim_ahead=2)
     order: list[str] = []
-    harness.write_points.extra = lambda name: order.append(name) if name in ("record_outcomes", "claim_steps") else None
+    commits: list[int] = []  # the commits made before each entry of `order`
+    made = itertools.count()
+    done = next(made)
+
+    def note(name: str) -> None:
+        order.append(name)
+        commits.append(done)
+
+    harness.write_points.extra = lambda name: note(name) if name in ("record_outcomes", "claim_steps") else None
     release = asyncio.Event()
 
     async def observe(call: Any) -> None:
-        order.append("dispatch")
+        note("dispatch")
         if order.count("dispatch") == 1:  # s0: out while the others come and go
             await release.wait()
         if order.count("dispatch") == 5:  # s4: the last of the first five
             release.set()
 
+    def committed(conn: Any) -> None:
+        nonlocal done
+        done = next(made)
+
+    async def body() -> None:
+        event.listen(harness.store.engine.sync_engine, "commit", committed)
+        await _make_steps_two_at_a_time(harness, "refill", 6)
+
     harness.probe.observe = observe
-    harness.run(lambda: _make_steps_two_at_a_time(harness, "refill", 6))
-    second_recording = [i for i, name in enumerate(order) if name == "record_outcomes"][1]
-    assert order[: second_recording + 2] == [
+    harness.run(body)
+    second = [i for i, name in enumerate(order) if name == "record_outcomes"][1]
+    assert order[: second + 3] == [
         "claim_steps",  # s0, s1
         "dispatch",
         "dispatch",
         "record_outcomes",  # s1
-        "claim_steps",  # s2, s3, s4
+        "claim_steps",  # s2, s3, s4, in the same transaction
         "dispatch",  # s2
         "dispatch",  # s3, in s2's slot
         "record_outcomes",  # s2, while s3 answers
-        "dispatch",  # s4, in s3's slot: before the next claim
+        "claim_steps",  # s5, in the same transaction
+        "dispatch",  # s4, in s3's slot: right after that commit
     ], order
+    first = order.index("record_outcomes")
+    assert commits[first] == commits[first + 1], "s1's recording and the claim of s2-s4 are one commit"
+    assert commits[second] == commits[second + 1], "s2's recording and the claim of s5 are one commit"
+    assert commits[second + 2] == commits[second + 1] + 1, "s4 is dispatched before any other commit"
 
 
 def test_a_step_claimed_ahead_is_not_dispatched_once_its_run_is_cancelled(harness: Harness) -> None:

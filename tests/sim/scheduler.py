@@ -43,6 +43,7 @@ WRITES = frozenset(
         "mark_lease_restored",
         "mark_reverted",
         "record_late_resources",
+        "record_and_claim",
         "record_outcomes",
         "register_worker",
         "release_lease_row",

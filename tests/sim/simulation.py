@@ -415,7 +415,7 @@ class Simulation:
         elif claim is not None and self.cleanup_holder.get(claim.run_id) == claim.token:
             # Every write a cleanup makes under its claim pushes the claim's expiry on.
             actor.claims[claim.run_id] = self.clock.now() + timedelta(seconds=claim.ttl)
-        elif name == "record_outcomes":
+        elif name in ("record_outcomes", "record_and_claim"):
             for o in args[0]:
                 if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder) and not o.stale:
                     self.recorded.append((o.step.id, o.step.attempts, actor.name, len(o.resources)))

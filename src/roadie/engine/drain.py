@@ -4,7 +4,7 @@ record their answers in batches, and keep their claims alive while they are in f
 A worker claims a batch of runnable steps and reserves all their ledger rows in one
 transaction before dispatching any of them (still "recorded before dispatched"),
 dispatches them concurrently, and records the answers that are in whenever it looks,
-one transaction per batch.
+one transaction per batch, which claims the next batch too.
 """
 
 from __future__ import annotations
@@ -50,11 +50,13 @@ class Drain(Advance):
         Claims refill the window in batches (when a quarter of it is free, or it is
         empty), and every answer that is in when the worker looks is recorded in one
         transaction: a database commit is the scarce thing, so each one carries as
-        many steps as are ready. While dispatches are still out when it claims (the
+        many steps as are ready. The transaction that records a batch also claims the
+        slots it frees (the claim committed before any of them is dispatched, as a claim
+        of its own is), so a batch costs one commit, not two. While dispatches are still out when it claims (the
         module is slower than a commit), the window holds a few steps more than are
         dispatched at once (`claim_ahead`, claimed and their ledger rows reserved like
         the others): a slot an answer frees is filled from them at once, instead of
-        after the answer is recorded and the next batch claimed, two commits later.
+        after the answer is recorded and the next batch claimed.
         Answers that are all in by then (a module as fast as a commit) gain nothing from
         it, and it is not done: holding steps costs a look at cancels before each refill.
         A dispatch that ends while a batch is being recorded or claimed frees its slot
@@ -66,32 +68,33 @@ class Drain(Advance):
         heartbeat: asyncio.Task[None] | None = None
         watch: asyncio.Task[None] | None = None  # a look at cancels, while a wait is in flight
         worked = False
-        refill = max(1, self.options.concurrency // 4)
+        prior: list[Claimed] | None = None  # claimed in the transaction that recorded the last batch
         may_have_moved = True  # whether a run may have a phase to begin or an end to reach
         unrecorded: list[Outcome] = []  # answers whose recording failed, to be recorded again
         carried: list[Outcome] = []  # answers taken in while a batch was recorded or claimed
         failures = 0
         try:
             while True:
-                slow = any(not t.done() for t in inflight)
-                free = self.options.concurrency + (self._claim_ahead() if slow else 0) - len(inflight) - len(ahead)
-                claimed: list[Claimed] = []
-                if free > 0 and (free >= refill or not inflight) and not self._stopping.is_set():
-                    try:
-                        claimed = await self.store.claim_steps(
-                            self.worker_id,
-                            self.clock.now(),
-                            free,
-                            self.options.claim_ttl,
-                            token=mint_token(self.incarnation),
-                        )
-                    except StoreError as exc:
-                        if not inflight and not unrecorded:
-                            raise
-                        # The dispatches in flight have written the world: their answers
-                        # must still be recorded, so claiming more waits for the next pass.
-                        log.warning("claiming steps failed; finishing those in flight", error=exc.message)
-                        claimed = []
+                if prior is None:
+                    asked, claimed = self._room(inflight, ahead), []
+                    if asked:
+                        try:
+                            claimed = await self.store.claim_steps(
+                                self.worker_id,
+                                self.clock.now(),
+                                asked,
+                                self.options.claim_ttl,
+                                token=mint_token(self.incarnation),
+                            )
+                        except StoreError as exc:
+                            if not inflight and not unrecorded:
+                                raise
+                            # The dispatches in flight have written the world: their answers
+                            # must still be recorded, so claiming more waits for the next pass.
+                            log.warning("claiming steps failed; finishing those in flight", error=exc.message)
+                else:
+                    claimed, prior = prior, None  # claimed with the batch just recorded
+                if asked:
                     # Slots freed while claiming take the new steps now.
                     carried.extend(self._harvest(inflight))
                     for c in claimed:
@@ -109,7 +112,7 @@ class Drain(Advance):
                             inflight[asyncio.create_task(self._dispatch(c))] = c
                         else:
                             ahead.append(c)
-                    if len(claimed) < free and may_have_moved:
+                    if len(claimed) < asked and may_have_moved:
                         # The queue ran dry: the steps that ended may have finished a phase.
                         may_have_moved = False
                         try:
@@ -151,8 +154,21 @@ class Drain(Advance):
                 # The freed slots are filled before the answers are recorded.
                 outcomes.extend(await self._dispatch_ahead(inflight, ahead))
                 if outcomes:
+                    # The next batch is claimed in the same transaction, unless the last
+                    # attempt failed: recording must not wait on a claim that keeps failing.
+                    asked = 0 if failures else self._room(inflight, ahead)
                     try:
-                        await self.store.record_outcomes(outcomes)
+                        if asked:
+                            prior = await self.store.record_and_claim(
+                                outcomes,
+                                self.worker_id,
+                                self.clock.now(),
+                                asked,
+                                self.options.claim_ttl,
+                                token=mint_token(self.incarnation),
+                            )
+                        else:
+                            await self.store.record_outcomes(outcomes)
                     except StoreError as exc:
                         if dialects.refuses_data(exc):
                             # One answer the database cannot take: the others must not go
@@ -300,6 +316,16 @@ class Drain(Advance):
                     )
                 )
         return skipped
+
+    def _room(self, inflight: dict[asyncio.Future[Any], Claimed], ahead: deque[Claimed]) -> int:
+        """How many steps to claim now: none while stopping, or while fewer slots are free
+        than a refill's worth and some dispatch is still out."""
+        if self._stopping.is_set():
+            return 0
+        slow = any(not t.done() for t in inflight)
+        free = self.options.concurrency + (self._claim_ahead() if slow else 0) - len(inflight) - len(ahead)
+        refill = max(1, self.options.concurrency // 4)
+        return free if free > 0 and (free >= refill or not inflight) else 0
 
     def _claim_ahead(self) -> int:
         ahead = self.options.claim_ahead

@@ -238,6 +238,23 @@ class DrainQueries(Connector):
 
         await self._write("record_outcomes", work)
 
+    async def record_and_claim(
+        self, outcomes: list[Outcome], worker: str, now: datetime, limit: int, claim_ttl: float, *, token: str
+    ) -> list[Claimed]:
+        """`record_outcomes`, then `claim_steps`, in one transaction: the drain's commit
+        that records a batch also reserves the next, so a batch costs one commit rather
+        than two. What is claimed is committed before this returns, as `claim_steps`'s
+        is; if the transaction fails, neither is kept. Passes both write points, the
+        recording's before the claim's statements."""
+
+        async def work(conn: AsyncConnection) -> list[Claimed]:
+            await self._record(conn, outcomes)
+            self.write_point("record_outcomes")
+            return await self._claim(conn, worker, now, limit, claim_ttl, token)
+
+        result: list[Claimed] = await self._write("claim_steps", work)
+        return result
+
     async def _record(self, conn: AsyncConnection, outcomes: list[Outcome]) -> None:
         held = await _held_steps(conn, self.dialect, outcomes)
         for o in outcomes:
