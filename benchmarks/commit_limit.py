@@ -4,18 +4,20 @@ Three measurements per database, each on a fresh database, median of several rep
 
 1. Roadie: one run of N `ledger` steps of an in-process no-op module, drained by one
    engine (`Engine.settle`, FakeClock, concurrency C), as in `throughput.py`. Every write
-   transaction is counted through `Store.write_point` (called once before each commit),
-   with the rows each one inserted and updated (SQLAlchemy's cursor events), and the
-   batch sizes of the claims and records.
+   transaction is counted through `Store.write_point` (called before each commit; a
+   recording that claims the next batch too passes two, one commit), with the rows each
+   one inserted and updated (SQLAlchemy's cursor events), and the batch sizes of the
+   claims and records.
 2. Bare replay: the same driver and engine settings (`roadie.store.dialects.create_engine`:
    for SQLite WAL, synchronous=FULL, BEGIN IMMEDIATE) committing the same transactions in
    the same order with the same batch sizes, as plain INSERTs and UPDATEs on two simple
    tables: a claim is UPDATE steps + INSERT placeholders, a record is INSERT resources +
-   UPDATE placeholders + UPDATE steps, a materialise is INSERT steps, and every other
-   commit Roadie made (moving the run on, ending it) is a one-row UPDATE. No reads.
-3. Bare minimum: the strict minimum for ledgered steps, one commit before any dispatch
-   (claim + placeholders) and one after the answers (resources + resolve + end), per
-   batch of C steps, with the same rows.
+   UPDATE placeholders + UPDATE steps, a record that claims is both in one commit, a
+   materialise is INSERT steps, and every other commit Roadie made (moving the run on,
+   ending it) is a one-row UPDATE. No reads.
+3. Bare minimum: the strict minimum for ledgered steps, one commit before the first
+   dispatch (claim + placeholders) and one after each batch of C answers (resources +
+   resolve + end, and the next batch's claim + placeholders), with the same rows.
 
     .venv/bin/python benchmarks/commit_limit.py --write docs/benchmarks.md
 """
@@ -49,13 +51,21 @@ from roadie.store.dialects import create_engine
 
 
 @dataclass
+class Commit:
+    name: str  # the write point before the commit; `record_and_claim` for one that passed two
+    steps: int  # steps recorded, or materialised
+    claimed: int = 0
+
+
+@dataclass
 class Census:
     """What Roadie committed while draining: one entry per write transaction, in order."""
 
-    transactions: list[tuple[str, int]] = field(default_factory=list)  # (name, steps or rows in it)
+    transactions: list[Commit] = field(default_factory=list)
     rows: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     pending: Counter[str] = field(default_factory=Counter)
     size: int = 0  # steps in the transaction under way, set by the wrapped store methods
+    joined: bool = False  # the transaction under way records and claims
 
     def statement(self, clause: Any, multiparams: Any, params: Any, result: Any) -> None:
         if isinstance(clause, Insert):
@@ -76,7 +86,11 @@ class Census:
                 self.pending[label] += result.rowcount
 
     def commit(self, name: str) -> None:
-        self.transactions.append((name, self.size))
+        if self.joined:
+            if name == "record_outcomes":  # the claim's statements follow, in the same transaction
+                return
+            name = "record_and_claim"
+        self.transactions.append(Commit(name, self.size))
         self.rows[name].update(self.pending)
         self.pending.clear()
 
@@ -91,14 +105,27 @@ def _instrument(store: Store, census: Census) -> None:
         census.pending.clear()
 
     store.write_point = census.commit
-    claim, record, advance = store.claim_steps, store.record_outcomes, store.advance_runs
+    claim, record, joined = store.claim_steps, store.record_outcomes, store.record_and_claim
+    advance = store.advance_runs
+
+    def claimed(name: str, result: list[Any]) -> None:
+        # A claim's size is known only once it returns (one that found nothing still commits).
+        if census.transactions and census.transactions[-1].name == name:
+            census.transactions[-1].claimed = len(result)
+            census.rows[name]["UPDATE steps"] += len(result)
 
     async def claim_steps(*args: Any, **kwargs: Any) -> Any:
         result = await claim(*args, **kwargs)
-        # A claim that found nothing still commits; its size is known only now.
-        if census.transactions and census.transactions[-1][0] == "claim_steps":
-            census.transactions[-1] = ("claim_steps", len(result))
-            census.rows["claim_steps"]["UPDATE steps"] += len(result)
+        claimed("claim_steps", result)
+        return result
+
+    async def record_and_claim(outcomes: list[Any], *args: Any, **kwargs: Any) -> Any:
+        census.size, census.joined = len(outcomes), True
+        try:
+            result = await joined(outcomes, *args, **kwargs)
+        finally:
+            census.size, census.joined = 0, False
+        claimed("record_and_claim", result)
         return result
 
     async def record_outcomes(outcomes: list[Any]) -> None:
@@ -117,6 +144,7 @@ def _instrument(store: Store, census: Census) -> None:
 
     store.claim_steps = claim_steps  # type: ignore[method-assign]
     store.record_outcomes = record_outcomes  # type: ignore[method-assign]
+    store.record_and_claim = record_and_claim  # type: ignore[method-assign]
     store.advance_runs = advance_runs  # type: ignore[method-assign]
 
 
@@ -158,6 +186,36 @@ bare_resources = Table(
 bare_runs = Table("bare_runs", bare, Column("id", Integer, primary_key=True), Column("ticks", Integer, nullable=False))
 
 
+async def _claim(conn: AsyncConnection, ids: list[int]) -> None:
+    if not ids:
+        return
+    await conn.execute(
+        update(bare_steps)
+        .where(bare_steps.c.id.in_(ids))
+        .values(status="running", claimed_by="bare", attempts=bare_steps.c.attempts + 1)
+    )
+    rows = [{"step_id": i, "kind": "@step", "ref": f"key-{i}", "state": "pending"} for i in ids]
+    await conn.execute(insert(bare_resources), rows)
+
+
+async def _record(conn: AsyncConnection, ids: list[int]) -> None:
+    if not ids:
+        return
+    rows = [{"step_id": i, "kind": "thing", "ref": f"thing-{i}", "state": "live"} for i in ids]
+    await conn.execute(insert(bare_resources), rows)
+    await conn.execute(
+        update(bare_resources)
+        .where(bare_resources.c.ref.in_([f"key-{i}" for i in ids]), bare_resources.c.state == "pending")
+        .values(state="resolved")
+    )
+    await conn.execute(
+        update(bare_steps)
+        .where(bare_steps.c.id == bindparam("b_id"), bare_steps.c.status == "running")
+        .values(status="succeeded", claimed_by=None, output=bindparam("b_output")),
+        [{"b_id": i, "b_output": None} for i in ids],
+    )
+
+
 class Bare:
     """Plain writes on simple tables, one method per transaction shape."""
 
@@ -182,34 +240,15 @@ class Bare:
         return ids
 
     async def claim(self, ids: list[int]) -> None:
-        async def work(conn: AsyncConnection) -> None:
-            if not ids:
-                return
-            await conn.execute(
-                update(bare_steps)
-                .where(bare_steps.c.id.in_(ids))
-                .values(status="running", claimed_by="bare", attempts=bare_steps.c.attempts + 1)
-            )
-            rows = [{"step_id": i, "kind": "@step", "ref": f"key-{i}", "state": "pending"} for i in ids]
-            await conn.execute(insert(bare_resources), rows)
-
-        await self._tx(work)
+        await self._tx(lambda conn: _claim(conn, ids))
 
     async def record(self, ids: list[int]) -> None:
+        await self._tx(lambda conn: _record(conn, ids))
+
+    async def record_and_claim(self, recorded: list[int], claimed: list[int]) -> None:
         async def work(conn: AsyncConnection) -> None:
-            rows = [{"step_id": i, "kind": "thing", "ref": f"thing-{i}", "state": "live"} for i in ids]
-            await conn.execute(insert(bare_resources), rows)
-            await conn.execute(
-                update(bare_resources)
-                .where(bare_resources.c.ref.in_([f"key-{i}" for i in ids]), bare_resources.c.state == "pending")
-                .values(state="resolved")
-            )
-            await conn.execute(
-                update(bare_steps)
-                .where(bare_steps.c.id == bindparam("b_id"), bare_steps.c.status == "running")
-                .values(status="succeeded", claimed_by=None, output=bindparam("b_output")),
-                [{"b_id": i, "b_output": None} for i in ids],
-            )
+            await _record(conn, recorded)
+            await _claim(conn, claimed)
 
         await self._tx(work)
 
@@ -220,7 +259,8 @@ class Bare:
         await self._tx(work)
 
 
-async def _bare(url: str, plan: list[tuple[str, int]]) -> float:
+async def _bare(url: str, plan: list[Commit]) -> float:
+    """Commit `plan` (`_replay_plan`'s or `_minimum_plan`'s kinds) as plain writes."""
     engine = create_engine(url)
     try:
         async with engine.begin() as conn:
@@ -230,20 +270,23 @@ async def _bare(url: str, plan: list[tuple[str, int]]) -> float:
         ready: list[int] = []
         running: list[int] = []
         started = time.perf_counter()
-        for name, n in plan:
-            if name == "materialise":
-                ready.extend(await loop.materialise(n))
-            elif name == "claim":
-                batch, ready = ready[:n], ready[n:]
-                await loop.claim(batch)
-                running.extend(batch)
-            elif name == "record":
-                batch, running = running[:n], running[n:]
-                await loop.record(batch)
-            elif name == "empty":
+        for commit in plan:
+            if commit.name == "materialise":
+                ready.extend(await loop.materialise(commit.steps))
+                continue
+            recorded, running = running[: commit.steps], running[commit.steps :]
+            claimed, ready = ready[: commit.claimed], ready[commit.claimed :]
+            if commit.name == "claim":
+                await loop.claim(claimed)
+            elif commit.name == "record":
+                await loop.record(recorded)
+            elif commit.name == "record and claim":
+                await loop.record_and_claim(recorded, claimed)
+            elif commit.name == "empty":
                 await loop.claim([])  # a write transaction that finds nothing to change
             else:
                 await loop.other()
+            running.extend(claimed)
         elapsed = time.perf_counter() - started
         assert not ready, len(ready)
         assert not running, len(running)
@@ -252,27 +295,28 @@ async def _bare(url: str, plan: list[tuple[str, int]]) -> float:
         await engine.dispose()
 
 
-def _replay_plan(census: Census) -> list[tuple[str, int]]:
+def _replay_plan(census: Census) -> list[Commit]:
     plan = []
-    for name, n in census.transactions:
-        if name == "materialise_phase" and n > 0:
-            plan.append(("materialise", n))
-        elif name == "claim_steps" and n > 0:
-            plan.append(("claim", n))
-        elif name in ("claim_steps", "requeue_expired_claims") and n == 0:
-            plan.append(("empty", 0))
-        elif name == "record_outcomes":
-            plan.append(("record", n))
+    for c in census.transactions:
+        if c.name == "materialise_phase" and c.steps > 0:
+            plan.append(Commit("materialise", c.steps))
+        elif c.name == "claim_steps" and c.claimed > 0:
+            plan.append(Commit("claim", 0, c.claimed))
+        elif c.name in ("claim_steps", "requeue_expired_claims"):
+            plan.append(Commit("empty", 0))
+        elif c.name == "record_outcomes":
+            plan.append(Commit("record", c.steps))
+        elif c.name == "record_and_claim":
+            plan.append(Commit("record and claim", c.steps, c.claimed))
         else:
-            plan.append(("other", 0))
+            plan.append(Commit("other", 0))
     return plan
 
 
-def _minimum_plan(steps: int, batch: int) -> list[tuple[str, int]]:
-    plan: list[tuple[str, int]] = [("materialise", steps)]
-    for start in range(0, steps, batch):
-        n = min(batch, steps - start)
-        plan += [("claim", n), ("record", n)]
+def _minimum_plan(steps: int, batch: int) -> list[Commit]:
+    sizes = [min(batch, steps - start) for start in range(0, steps, batch)]
+    plan = [Commit("materialise", steps), Commit("claim", 0, sizes[0])]
+    plan += [Commit("record and claim", n, after) for n, after in zip(sizes, [*sizes[1:], 0], strict=True)]
     return plan
 
 
@@ -320,10 +364,11 @@ def _section(results: list[Result], args: argparse.Namespace) -> str:
         "(`roadie.store.dialects.create_engine`; SQLite in WAL with synchronous=FULL and BEGIN IMMEDIATE) committing "
         "plain INSERTs and UPDATEs on simple tables with no reads. *Bare replay* commits the transactions Roadie "
         "committed, in its order and batch sizes (counted through `Store.write_point`): claim = UPDATE steps + "
-        "INSERT placeholders; record = INSERT resources + UPDATE placeholders + UPDATE steps; materialise = INSERT "
-        "steps; a claim or requeue that found nothing = an empty write transaction; any other commit = a one-row "
-        "UPDATE. *Bare minimum* is one commit before any dispatch and one after "
-        f"the answers, per batch of {c}. Median of {args.repeats}.",
+        "INSERT placeholders; record = INSERT resources + UPDATE placeholders + UPDATE steps; record and claim = "
+        "both in one commit; materialise = INSERT steps; a claim or requeue that found nothing = an empty write "
+        "transaction; any other commit = a one-row UPDATE. *Bare minimum* is one commit before the first dispatch "
+        f"(claim) and one after each batch of {c} answers (record and claim the next batch). "
+        f"Median of {args.repeats}.",
         f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
         f"{platform.system()}; database servers on the same machine.",
         "",
@@ -339,7 +384,7 @@ def _section(results: list[Result], args: argparse.Namespace) -> str:
         for label, seconds, n in (
             ("Roadie", r.roadie, commits),
             ("bare replay", r.replay, commits),
-            ("bare minimum", r.minimum, 1 + 2 * -(-steps // c)),
+            ("bare minimum", r.minimum, 2 + -(-steps // c)),
         ):
             rate = _rate(steps, seconds)
             vs = "–" if label == "Roadie" else f"{rate / roadie_rate:.2f}"
@@ -352,32 +397,35 @@ def _section(results: list[Result], args: argparse.Namespace) -> str:
         "Roadie's write transactions in one drain (last repeat), with the rows each kind inserted and updated "
         "(as the driver's row counts say; UPDATE rows are rows matched):",
         "",
-        "| database | transaction | commits | steps in them | rows written |",
-        "| --- | --- | ---: | ---: | --- |",
+        "| database | transaction | commits | steps recorded or materialised | steps claimed | rows written |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
     ]
     for r in results:
-        by_name: dict[str, list[int]] = defaultdict(list)
-        for name, n in r.census.transactions:
-            by_name[name].append(max(n, 0))
-        for name, sizes in by_name.items():
+        by_name: dict[str, list[Commit]] = defaultdict(list)
+        for commit in r.census.transactions:
+            by_name[commit.name].append(commit)
+        for name, commits in by_name.items():
             rows = ", ".join(f"{k}: {v}" for k, v in sorted(r.census.rows[name].items())) or "–"
-            lines.append(f"| {r.backend} | `{name}` | {len(sizes)} | {sum(sizes)} | {rows} |")
+            done, taken = sum(c.steps for c in commits), sum(c.claimed for c in commits)
+            lines.append(f"| {r.backend} | `{name}` | {len(commits)} | {done} | {taken} | {rows} |")
     lines += [
         "",
         "A ledgered step's placeholder must be durable before the step is dispatched (a worker that dies after "
         "touching the world must leave a row that cleanup can revert by key), and its resources exist only once "
-        "it has answered, so no design records ledgered steps with fewer than two commits per batch: one before "
-        f"any dispatch and one after the answers, here 2 × {steps} / {c} = {2 * -(-steps // c)}, plus one to "
-        "materialise the phase. Roadie's step commits are exactly those two kinds, `claim_steps` (steps claimed "
-        "and placeholders inserted) and `record_outcomes` (resources inserted, placeholders resolved, steps "
-        "ended); with a no-op module every answer of a batch is in when the drain looks, so its batches are full "
-        "and it makes the minimum number of them. The extra commits are the drain looking for more work and "
-        "finding none (`claim_steps` with 0 steps, `requeue_expired_claims`) and the run's end (`advance_runs`). "
-        "With a slower module whose answers arrive spread out, the drain refills when a quarter of the window is "
-        "free and records whatever has answered, so batches shrink and commits per step rise: latency bought "
-        "with commits. The gap between Roadie and the bare replay is therefore not commits but the work between "
-        "them: the reads each transaction makes (claim's UPDATE … RETURNING, the live-holder check, the drain's "
-        "and settle's queries), SQLAlchemy and JSON per row, and the engine's Python per step.",
+        "it has answered, so no design records a batch of ledgered steps with fewer than one commit before its "
+        "dispatch and one after its answers; the commit after one batch's answers can be the one before the "
+        f"next's dispatch, so the least is one commit per batch and one more: here {steps} / {c} + 1 = "
+        f"{-(-steps // c) + 1}, plus one to materialise the phase. Roadie's step commits are those kinds: "
+        "`claim_steps` (steps claimed and placeholders inserted), `record_outcomes` (resources inserted, "
+        "placeholders resolved, steps ended) and `record_and_claim` (both, in one commit); with a no-op module "
+        "every answer of a batch is in when the drain looks, so its batches are full and it makes the minimum "
+        "number of them. The extra commits are the drain looking for more work and finding none (`claim_steps` "
+        "with 0 steps, `requeue_expired_claims`) and the run's end (`advance_runs`). With a slower module whose "
+        "answers arrive spread out, the drain refills when a quarter of the window is free and records whatever "
+        "has answered, so batches shrink and commits per step rise: latency bought with commits. The gap "
+        "between Roadie and the bare replay is therefore not commits but the work between them: the reads each "
+        "transaction makes (claim's UPDATE … RETURNING, the live-holder check, the drain's and settle's "
+        "queries), SQLAlchemy and JSON per row, and the engine's Python per step.",
     ]
     return "\n".join(lines)
 
@@ -412,7 +460,7 @@ def main(argv: list[str]) -> int:
             f"bare replay {_rate(args.steps, r.replay):6.0f}, bare minimum {_rate(args.steps, r.minimum):6.0f}",
             flush=True,
         )
-        print("   ", Counter(name for name, _ in r.census.transactions), flush=True)
+        print("   ", Counter(c.name for c in r.census.transactions), flush=True)
     if args.write:
         write_section(args.write, "commit_limit.py", _section(results, args))
     return 0
