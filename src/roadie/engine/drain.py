@@ -51,14 +51,15 @@ class Drain(Advance):
         empty), and every answer that is in when the worker looks is recorded in one
         transaction: a database commit is the scarce thing, so each one carries as
         many steps as are ready. The transaction that records a batch also claims the
-        slots it frees (the claim committed before any of them is dispatched, as a claim
-        of its own is), so a batch costs one commit, not two. While dispatches are still out when it claims (the
-        module is slower than a commit), the window holds a few steps more than are
-        dispatched at once (`claim_ahead`, claimed and their ledger rows reserved like
-        the others): a slot an answer frees is filled from them at once, instead of
-        after the answer is recorded and the next batch claimed.
-        Answers that are all in by then (a module as fast as a commit) gain nothing from
-        it, and it is not done: holding steps costs a look at cancels before each refill.
+        slots it frees (committed before any of them is dispatched, as a claim of its
+        own is), so a batch costs one commit, not two. While dispatches are still out
+        when it claims (the module is slower than a commit), the window holds a few
+        steps more than are dispatched at once (`claim_ahead`, claimed and their ledger
+        rows reserved like the others): a slot an answer frees is filled from them at
+        once, instead of after the answer is recorded and the next batch claimed with
+        it. Answers that are all in by then (a module as fast as a commit) gain nothing
+        from it, and it is not done: holding steps costs a look at cancels before each
+        refill.
         A dispatch that ends while a batch is being recorded or claimed frees its slot
         when that commit is done, not at the next one; its answer goes with the next
         batch, which is recorded without waiting for another answer.
