@@ -156,8 +156,13 @@ class Drain(Advance):
                 outcomes.extend(await self._dispatch_ahead(inflight, ahead))
                 if outcomes:
                     # The next batch is claimed in the same transaction, unless the last
-                    # attempt failed: recording must not wait on a claim that keeps failing.
-                    asked = 0 if failures else self._room(inflight, ahead)
+                    # attempt failed (recording must not wait on a claim that keeps failing)
+                    # or the claim is not one statement: MariaDB's (no UPDATE ... RETURNING)
+                    # is three, and held inside the recording's transaction they kept its
+                    # row locks for three more round trips: two workers spent three times as
+                    # long waiting on locks and drained 20-40 % fewer steps a second.
+                    joined = not failures and dialects.returning_update(self.store.dialect)
+                    asked = self._room(inflight, ahead) if joined else 0
                     try:
                         if asked:
                             prior = await self.store.record_and_claim(
