@@ -4,7 +4,7 @@ record their answers in batches, and keep their claims alive while they are in f
 A worker claims a batch of runnable steps and reserves all their ledger rows in one
 transaction before dispatching any of them (still "recorded before dispatched"),
 dispatches them concurrently, and records the answers that are in whenever it looks,
-one transaction per batch, which claims the next batch too.
+one transaction per batch, which claims the next batch too (on SQLite and PostgreSQL).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Drain(Advance):
         transaction: a database commit is the scarce thing, so each one carries as
         many steps as are ready. The transaction that records a batch also claims the
         slots it frees (committed before any of them is dispatched, as a claim of its
-        own is), so a batch costs one commit, not two. While dispatches are still out
+        own is), so a batch costs one commit, not two (not on MariaDB, below). While dispatches are still out
         when it claims (the module is slower than a commit), the window holds a few
         steps more than are dispatched at once (`claim_ahead`, claimed and their ledger
         rows reserved like the others): a slot an answer frees is filled from them at
