@@ -4,7 +4,7 @@ record their answers in batches, and keep their claims alive while they are in f
 A worker claims a batch of runnable steps and reserves all their ledger rows in one
 transaction before dispatching any of them (still "recorded before dispatched"),
 dispatches them concurrently, and records the answers that are in whenever it looks,
-one transaction per batch, which claims the next batch too (on SQLite and PostgreSQL).
+one transaction per batch, which on SQLite and PostgreSQL claims the next batch too.
 """
 
 from __future__ import annotations
@@ -50,16 +50,17 @@ class Drain(Advance):
         Claims refill the window in batches (when a quarter of it is free, or it is
         empty), and every answer that is in when the worker looks is recorded in one
         transaction: a database commit is the scarce thing, so each one carries as
-        many steps as are ready. The transaction that records a batch also claims the
-        slots it frees (committed before any of them is dispatched, as a claim of its
-        own is), so a batch costs one commit, not two (not on MariaDB, below). While dispatches are still out
-        when it claims (the module is slower than a commit), the window holds a few
-        steps more than are dispatched at once (`claim_ahead`, claimed and their ledger
-        rows reserved like the others): a slot an answer frees is filled from them at
-        once, instead of after the answer is recorded and the next batch claimed with
-        it. Answers that are all in by then (a module as fast as a commit) gain nothing
-        from it, and it is not done: holding steps costs a look at cancels before each
-        refill.
+        many steps as are ready. On SQLite and PostgreSQL the transaction that records a
+        batch also claims the slots it frees (committed before any of them is
+        dispatched, as a claim of its own is), so a batch costs one commit, not two;
+        MariaDB's claim is three statements, and it claims apart. While dispatches are
+        still out when it claims (the module is slower than a commit), the window holds
+        a few steps more than are dispatched at once (`claim_ahead`, claimed and their
+        ledger rows reserved like the others): a slot an answer frees is filled from
+        them at once, instead of after the answer is recorded and the next batch
+        claimed. Answers that are all in by then (a module as fast as a commit) gain
+        nothing from it, and it is not done: holding steps costs a look at cancels
+        before each refill.
         A dispatch that ends while a batch is being recorded or claimed frees its slot
         when that commit is done, not at the next one; its answer goes with the next
         batch, which is recorded without waiting for another answer.
