@@ -12,7 +12,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -413,8 +413,11 @@ class Simulation:
             actor.claims.pop(claim.run_id, None)
             self.cleanup_holder.pop(claim.run_id, None)
         elif claim is not None and self.cleanup_holder.get(claim.run_id) == claim.token:
-            # Every write a cleanup makes under its claim pushes the claim's expiry on.
-            actor.claims[claim.run_id] = self.clock.now() + timedelta(seconds=claim.ttl)
+            # Every write a cleanup makes under its claim pushes the claim's expiry on, to
+            # `ttl` from the time the call was given (the store's `now`), not from when
+            # it returned: the clock may have moved while it waited at its gate.
+            given = next((a for a in (*args, *kwargs.values()) if isinstance(a, datetime)), self.clock.now())
+            actor.claims[claim.run_id] = given + timedelta(seconds=claim.ttl)
         elif name in ("record_outcomes", "record_and_claim"):
             for o in args[0]:
                 if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder) and not o.stale:
