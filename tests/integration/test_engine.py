@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from datetime import timedelta
 from typing import Any
 
@@ -14,8 +15,8 @@ from tests.conftest import Crash, Harness
 
 from roadie.engine import Engine, EngineOptions
 from roadie.errors import DefinitionError, StoreError
-from roadie.states import STEP_KIND
-from roadie.store import dialects, tables
+from roadie.states import STEP_KIND, StepStatus
+from roadie.store import Outcome, dialects, mint_token, tables
 
 
 def probe_event(steps: str, *, duration: str = "0s", cleanup: str = "auto", event_id: str = "engine") -> str:
@@ -762,6 +763,39 @@ def test_a_step_claimed_ahead_is_not_dispatched_once_its_run_is_cancelled(harnes
         [placeholder] = [r for r in await harness.resources(run, STEP_KIND) if r.ref == s3.idempotency_key]
         assert placeholder.state == "resolved"
         assert harness.probe.reverts == []
+
+    harness.run(body)
+
+
+def test_a_retry_skipped_ahead_leaves_its_placeholder_for_cleanup(harness: Harness) -> None:
+    """Found by the simulation (seed 227): a step's first attempt timed out (it may have
+    written the world; its placeholder stays pending so that cleanup reverts by key),
+    its retry was claimed ahead, and the run was cancelled before the retry went out.
+    Skipped, the retry resolved the placeholder as if nothing had been made, and cleanup
+    never asked the module to revert the key. Only a first attempt skipped ahead
+    resolves it (`test_a_step_claimed_ahead_is_not_dispatched_once_its_run_is_cancelled`);
+    a retry leaves it pending, and cleanup reverts the key."""
+
+    async def body() -> None:
+        store, engine = harness.store, harness.engine
+        run = await harness.start(probe_event("  - name: only\n    steps:\n      - {action: probe.make, name: s0}\n"))
+        await engine._advance()  # the phase begins: its step is ready
+        now = harness.clock.now()
+        [first] = await store.claim_steps("w", now, 1, 60, token=mint_token("w"))
+        lost = Outcome(step=first.step, status=StepStatus.READY, at=now, not_before=now, error="no answer within 30s")
+        await store.record_outcomes([lost])
+        retry = await store.claim_steps("w", now, 1, 60, token=mint_token("w"))
+        assert [c.step.attempts for c in retry] == [2]
+        assert await engine.cancel_run(run.id, actor="ops")
+        [skipped] = await engine._dispatch_ahead({}, deque(retry))
+        assert (skipped.status, skipped.resolve_placeholder) == (StepStatus.SKIPPED, False)
+        await store.record_outcomes([skipped])
+        [placeholder] = await harness.resources(run, STEP_KIND)
+        assert placeholder.state == "pending"
+        [done] = await harness.settle(run)
+        assert (done.status, done.cleanup_status) == ("cancelled", "complete")
+        assert [(r.idempotency_key, r.resources) for r in harness.probe.reverts] == [(first.step.idempotency_key, [])]
+        assert harness.probe.calls == [], "nothing was dispatched"
 
     harness.run(body)
 

@@ -297,8 +297,11 @@ class Drain(Advance):
         self, inflight: dict[asyncio.Future[Any], Claimed], ahead: deque[Claimed]
     ) -> list[Outcome]:
         """Dispatch steps claimed ahead into the free slots. A cancel stops every step not
-        yet dispatched, so one whose run is being cancelled is not: it ends skipped, its
-        placeholder resolved with nothing made. Answers those outcomes, to be recorded."""
+        yet dispatched, so one whose run is being cancelled is not: it ends skipped. Its
+        placeholder is resolved with nothing made only on its first attempt: an earlier
+        attempt may have written the world before its answer was lost, and the pending
+        placeholder is what makes cleanup revert that by key. Answers those outcomes, to
+        be recorded."""
         skipped: list[Outcome] = []
         while ahead and len(inflight) < self.options.concurrency:
             batch = [ahead.popleft() for _ in range(min(len(ahead), self.options.concurrency - len(inflight)))]
@@ -312,14 +315,14 @@ class Drain(Advance):
                     inflight[asyncio.create_task(self._dispatch(c))] = c
                     continue
                 self._inflight_ids.pop(c.step.id, None)
-                ledgered = Reversible(c.step.reversible) is Reversible.LEDGER
+                untouched = Reversible(c.step.reversible) is Reversible.LEDGER and c.step.attempts <= 1
                 skipped.append(
                     Outcome(
                         step=c.step,
                         status=StepStatus.SKIPPED,
                         at=self.clock.now(),
                         error="run cancelled",
-                        resolve_placeholder=ledgered,
+                        resolve_placeholder=untouched,
                     )
                 )
         return skipped
