@@ -16,7 +16,7 @@ from tests.conftest import Crash, Harness
 from roadie.engine import Engine, EngineOptions
 from roadie.errors import DefinitionError, StoreError
 from roadie.states import STEP_KIND, StepStatus
-from roadie.store import Outcome, dialects, mint_token, tables
+from roadie.store import Outcome, mint_token, tables
 
 
 def probe_event(steps: str, *, duration: str = "0s", cleanup: str = "auto", event_id: str = "engine") -> str:
@@ -385,7 +385,7 @@ def test_a_recording_that_failed_at_its_claim_keeps_neither_and_records_alone(ha
         steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(4))
         run = await harness.start(f"id: apart\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n")
         [run] = await harness.settle(run)
-        if not dialects.returning_update(store.dialect):  # MariaDB claims apart from its recordings
+        if not store.joins_claims:  # MariaDB claims apart from its recordings
             assert "record_and_claim" not in calls, calls
             assert not failed
         else:
@@ -700,17 +700,17 @@ def test_a_slot_freed_while_answers_are_recorded_is_filled_before_the_next_commi
         nonlocal done
         done = next(made)
 
-    dialect: list[str] = []
+    joins: list[bool] = []  # whether the store joins a recording and the next claim
 
     async def body() -> None:
-        dialect.append(harness.store.dialect)
+        joins.append(harness.store.joins_claims)
         event.listen(harness.store.engine.sync_engine, "commit", committed)
         await _make_steps_two_at_a_time(harness, "refill", 6)
 
     harness.probe.observe = observe
     harness.run(body)
     # MariaDB claims apart from its recordings (its claim is three statements).
-    joined = dialects.returning_update(dialect[0])
+    joined = joins[0]
     expected = [
         "claim_steps",  # s0, s1
         "dispatch",

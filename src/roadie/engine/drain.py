@@ -156,13 +156,10 @@ class Drain(Advance):
                 # The freed slots are filled before the answers are recorded.
                 outcomes.extend(await self._dispatch_ahead(inflight, ahead))
                 if outcomes:
-                    # The next batch is claimed in the same transaction, unless the last
-                    # attempt failed (recording must not wait on a claim that keeps failing)
-                    # or the claim is not one statement: MariaDB's (no UPDATE ... RETURNING)
-                    # is three, and held inside the recording's transaction they kept its
-                    # row locks for three more round trips: two workers spent three times as
-                    # long waiting on locks and drained 20-40 % fewer steps a second.
-                    joined = not failures and dialects.returning_update(self.store.dialect)
+                    # The next batch is claimed in the same transaction where the store
+                    # joins them, unless the last attempt failed: recording must not wait
+                    # on a claim that keeps failing.
+                    joined = not failures and self.store.joins_claims
                     asked = self._room(inflight, ahead) if joined else 0
                     try:
                         if asked:

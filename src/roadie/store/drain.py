@@ -238,6 +238,15 @@ class DrainQueries(Connector):
 
         await self._write("record_outcomes", work)
 
+    @property
+    def joins_claims(self) -> bool:
+        """Whether `record_and_claim` is worth asking for: where the claim is one statement
+        (UPDATE ... RETURNING). MariaDB's is three (a locking read, the update, a read
+        back), and held inside the recording's transaction they kept its row locks for
+        three more round trips: two workers spent three times as long waiting on locks
+        and drained 20-40 % fewer steps a second. There the drain claims apart."""
+        return dialects.returning_update(self.dialect)
+
     async def record_and_claim(
         self, outcomes: list[Outcome], worker: str, now: datetime, limit: int, claim_ttl: float, *, token: str
     ) -> list[Claimed]:
