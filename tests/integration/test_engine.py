@@ -800,6 +800,46 @@ def test_a_retry_skipped_ahead_leaves_its_placeholder_for_cleanup(harness: Harne
     harness.run(body)
 
 
+def test_a_run_is_marked_for_cleanup_once_unless_the_mark_was_not_kept(harness: Harness) -> None:
+    """Issue 14: the mark that a run has something to clean up (`not_required` to
+    `pending`) is written by the first transaction that reserves or records its rows,
+    not by every one after it: nothing walks a run back to `not_required`. A mark whose
+    transaction failed is not taken as made: the next transaction makes it."""
+    marks: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if " ".join(statement.split()).lower().startswith("update runs set cleanup_status"):
+            marks.append(statement)
+
+    def fail(name: str) -> None:
+        if name == "claim_steps" and not marks[1:]:
+            raise StoreError("claim_steps: the connection was lost while committing")
+
+    async def body() -> None:
+        store, engine = harness.store, harness.engine
+        steps = "\n".join(f"      - {{action: probe.make, name: s{i}}}" for i in range(3))
+        run = await harness.start(probe_event(f"  - name: only\n    steps:\n{steps}\n", cleanup="manual"))
+        await engine._advance()  # the phase begins: its steps are ready
+        event.listen(store.engine.sync_engine, "before_cursor_execute", count)
+        harness.write_points.extra = fail
+        now = harness.clock.now()
+        with pytest.raises(StoreError):
+            await store.claim_steps("w", now, 1, 60, token=mint_token("w"))
+        assert len(marks) == 1
+        assert (await store.get_run(run.id)).cleanup_status == "not_required"
+        [first] = await store.claim_steps("w", now, 1, 60, token=mint_token("w"))
+        assert len(marks) == 2, "the mark that was not kept is made again"
+        assert (await store.get_run(run.id)).cleanup_status == "pending"
+        made = Outcome(step=first.step, status=StepStatus.SUCCEEDED, at=now, resolve_placeholder=False)
+        await store.record_and_claim([made], "w", now, 2, 60, token=mint_token("w"))
+        assert len(marks) == 2, "a run marked once is not marked again"
+        [done] = await harness.settle(run)
+        assert (done.status, done.cleanup_status) == ("succeeded", "pending")
+        assert len(marks) == 2
+
+    harness.run(body)
+
+
 def test_an_event_file_longer_than_64_kb_is_stored_whole(harness: Harness) -> None:
     """An event file may hold 4,000,000 characters; MariaDB's TEXT column held 65,535
     bytes and refused a longer one with the database's own error. Its text is stored and

@@ -34,11 +34,18 @@ TRANSIENT_ATTEMPTS = 8
 CONNECTION_ATTEMPTS = 10
 RECONNECT_MAX_DELAY = 2.0
 _CHUNK = 400  # bound on bind parameters per statement, well inside every database's limit
+_AFTER_COMMIT = "roadie.after_commit"  # in a write transaction's `conn.info`: see `after_commit`
 
 
 def chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def after_commit(conn: AsyncConnection, done: Callable[[], None]) -> None:
+    """Call `done` once the write transaction `conn` is in has committed, and not if it
+    does not: for what a process may remember only of what the database has kept."""
+    conn.info[_AFTER_COMMIT].append(done)
 
 
 def aware(value: Any) -> datetime | None:
@@ -156,14 +163,18 @@ class Connector:
         attempt = lost = 0
         while True:
             committing = False
+            committed: list[Callable[[], None]] = []
             try:
                 self.active += 1
                 async with self.engine.connect() as conn:
+                    conn.info[_AFTER_COMMIT] = committed  # (a failed transaction's list is left, unused)
                     async with conn.begin():
                         result = await work(conn)
                         self.write_point(name)
                         committing = True
-                    return result
+                for done in committed:
+                    done()
+                return result
             except DBAPIError as exc:
                 if not committing and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
                     lost += 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from sqlalchemy import (
@@ -34,7 +34,7 @@ from roadie.states import (
 )
 from roadie.store import dialects
 from roadie.store.connector import Connector, aware, chunks
-from roadie.store.ledger import live_holders, mark_dirty, record_resources
+from roadie.store.ledger import MarkedRuns, live_holders, mark_dirty, record_resources
 from roadie.store.records import Claimed, Outcome
 from roadie.store.rows import StepRow, from_row, from_rows
 from roadie.store.runs import fail_runs
@@ -185,7 +185,7 @@ class DrainQueries(Connector):
                 # by the same run: either way, the row that is there is the one to use.
                 c.reserved_id = holder.id
                 dirty.add(c.step.run_id)
-        await mark_dirty(conn, dirty)
+        await mark_dirty(conn, dirty, self._marked)
         if refused:
             fatal: dict[int, str] = {}
             for c in claimed:
@@ -238,6 +238,11 @@ class DrainQueries(Connector):
 
         await self._write("record_outcomes", work)
 
+    @cached_property
+    def _marked(self) -> MarkedRuns:
+        """The runs this store has committed as having something to clean up."""
+        return MarkedRuns()
+
     @property
     def joins_claims(self) -> bool:
         """Whether `record_and_claim` is worth asking for: where the claim is one statement
@@ -271,7 +276,7 @@ class DrainQueries(Connector):
         current = [o for o in outcomes if not o.stale]
         if not current:
             return
-        await record_resources(conn, self.dialect, current)
+        await record_resources(conn, self.dialect, current, self._marked)
         resolved = [o.step.idempotency_key for o in current if o.resolve_placeholder]
         for chunk in chunks(resolved):
             await conn.execute(_resolving(self.dialect), {"b_refs": list(chunk), "b_at": current[0].at})

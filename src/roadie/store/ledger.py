@@ -26,7 +26,7 @@ from roadie.states import (
 )
 from roadie.store import dialects
 from roadie.store.audit import record_audit
-from roadie.store.connector import Connector, chunks
+from roadie.store.connector import Connector, after_commit, chunks
 from roadie.store.records import LiveGroup, NewResource, Outcome
 from roadie.store.rows import ResourceRow, StepRow, from_row, from_rows
 from roadie.store.tables import (
@@ -315,12 +315,36 @@ async def live_holders(
     return found
 
 
-async def mark_dirty(conn: AsyncConnection, run_ids: Iterable[int]) -> None:
+class MarkedRuns:
+    """The runs a store has seen marked as having something to clean up, once the mark
+    was committed. Nothing but a run's creation sets `not_required`, so a run here is
+    never to be marked again: the drain's transactions, many a second with a few steps
+    each when its module is slow, would otherwise each spend a statement marking runs
+    that are marked already. Bounded: forgetting costs only a mark made again."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._known: set[int] = set()
+
+    def unmarked(self, run_ids: Iterable[int]) -> list[int]:
+        return sorted(set(run_ids) - self._known)
+
+    def remember(self, run_ids: list[int]) -> None:
+        if len(self._known) + len(run_ids) > self.LIMIT:
+            self._known.clear()
+        self._known.update(run_ids)
+
+
+async def mark_dirty(conn: AsyncConnection, run_ids: Iterable[int], marked: MarkedRuns | None = None) -> None:
     """There is now something to clean up. Guarded: never walks a run back from
-    `complete` or `incomplete`; only a human's "clean up again" does that."""
-    ids = sorted(set(run_ids))
+    `complete` or `incomplete`; only a human's "clean up again" does that. The runs
+    `marked` knows are skipped, and it learns these once they are committed."""
+    ids = marked.unmarked(run_ids) if marked is not None else sorted(set(run_ids))
     if ids:
         await conn.execute(_marking(conn.dialect.name), {"b_ids": ids})
+        if marked is not None:
+            after_commit(conn, lambda: marked.remember(ids))
 
 
 @cache
@@ -344,7 +368,9 @@ def _marking(dialect: str) -> Update:
     )
 
 
-async def record_resources(conn: AsyncConnection, dialect: str, outcomes: list[Outcome]) -> None:
+async def record_resources(
+    conn: AsyncConnection, dialect: str, outcomes: list[Outcome], marked: MarkedRuns | None = None
+) -> None:
     rows = []
     for o in outcomes:
         for r in o.resources:
@@ -389,4 +415,4 @@ async def record_resources(conn: AsyncConnection, dialect: str, outcomes: list[O
             elif holder_run is not None:
                 o.recorded += 1
                 dirty.add(o.step.run_id)
-    await mark_dirty(conn, dirty)
+    await mark_dirty(conn, dirty, marked)
