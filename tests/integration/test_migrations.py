@@ -112,8 +112,8 @@ def test_a_migration_lock_held_too_long_is_one_line_naming_its_holder(
     if database.backend == "sqlite":
         pytest.skip("SQLite's migrations wait on its write lock, which its busy timeout bounds")
     url = database.fresh(tmp_path)
-    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT", 1.5)
-    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT_QUIETLY", 0.5)  # then it says it waits
+    monkeypatch.setattr(migrate, "MIGRATION_LOCK_WAIT", 1.5)
+    monkeypatch.setattr(migrate, "MIGRATION_LOCK_WAIT_QUIETLY", 0.5)  # then it says it waits
     asyncio.run(_close(Store.open(url)))  # the schema is there: a later open still takes the lock
 
     async def held_while_opening() -> tuple[int, str]:
@@ -146,8 +146,8 @@ def test_a_migration_lock_guards_its_own_database_only(
     if database.backend == "sqlite":
         pytest.skip("a SQLite file is its own lock")
     held, other = database.fresh(tmp_path), database.fresh(tmp_path)
-    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT", 1.5)
-    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT_QUIETLY", 0.5)
+    monkeypatch.setattr(migrate, "MIGRATION_LOCK_WAIT", 1.5)
+    monkeypatch.setattr(migrate, "MIGRATION_LOCK_WAIT_QUIETLY", 0.5)
 
     async def main() -> None:
         holder = dialects.create_engine(held, isolation_level="AUTOCOMMIT")
@@ -170,7 +170,7 @@ async def _hold_migration_lock(conn: AsyncConnection, url: str) -> int:
         await conn.exec_driver_sql("BEGIN")
         await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(x'726F6164'::int)")
         return int((await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one())
-    lock = dialects.migration_lock_name(make_url(url).database)
+    lock = migrate.migration_lock_name(make_url(url).database)
     assert (await conn.exec_driver_sql(f"SELECT GET_LOCK('{lock}', 0)")).scalar() == 1
     return int((await conn.exec_driver_sql("SELECT CONNECTION_ID()")).scalar_one())
 

@@ -85,7 +85,7 @@ class Connector:
             try:
                 await asyncio.to_thread(dialects.journal_file_to_wal, engine.url)
                 await store.migrate()
-            except dialects.MigrationLockHeld as exc:
+            except migrate.MigrationLockHeld as exc:
                 await engine.dispose()
                 raise StoreError(
                     f"cannot migrate the database {engine.url.render_as_string(hide_password=True)}: {exc}"
