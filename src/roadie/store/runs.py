@@ -145,7 +145,9 @@ class RunQueries(Connector):
         async def work(conn: AsyncConnection) -> list[RunRow | None]:
             made: dict[str, RunRow] = {}  # by nonce
             for chunk in chunks(plain, 500):
-                inserted = await conn.execute(runs.insert().returning(*runs.c, sort_by_parameter_order=True), chunk)
+                # Each run's row is found by its nonce: the order rows come back in is no matter.
+                statement, parameters = dialects.insert_rows(self.dialect, runs, list(chunk))
+                inserted = await conn.execute(statement.returning(*runs.c), parameters)
                 made.update((r.nonce, from_row(RunRow, r)) for r in inserted)
             if keyed:
                 # The key's unique constraint decides; the nonce says whether this insert
@@ -293,7 +295,7 @@ class RunQueries(Connector):
             found = (await conn.execute(query)).all()
             definitions: dict[int, Any] = {}
             for chunk in chunks([r.id for r in found if r.id not in known]):
-                wanted = select(runs.c.id, runs.c.definition).where(runs.c.id.in_(list(chunk)))
+                wanted = select(runs.c.id, runs.c.definition).where(dialects.one_of(self.dialect, runs.c.id, chunk))
                 definitions.update((r.id, r.definition) for r in await conn.execute(wanted))
             return [
                 PhaseCounts(from_row(RunRow, r, definition=definitions.get(r.id, {})), int(r.ready), int(r.running))
@@ -413,7 +415,8 @@ class RunQueries(Connector):
 
         async def work(conn: AsyncConnection) -> list[RunRow]:
             found = {
-                r.id: from_row(RunRow, r, **blank) for r in await conn.execute(query.where(runs.c.id.in_(run_ids)))
+                r.id: from_row(RunRow, r, **blank)
+                for r in await conn.execute(query.where(dialects.one_of(self.dialect, runs.c.id, run_ids)))
             }
             missing = [i for i in run_ids if i not in found]
             if missing:
