@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import event
 from tests.conftest import Crash, Harness
 
+from roadie.definitions import FrozenDefinition
 from roadie.engine import Engine, EngineOptions
 from roadie.errors import DefinitionError, StoreError
 from roadie.states import STEP_KIND, StepStatus
@@ -796,6 +797,39 @@ def test_a_retry_skipped_ahead_leaves_its_placeholder_for_cleanup(harness: Harne
         assert (done.status, done.cleanup_status) == ("cancelled", "complete")
         assert [(r.idempotency_key, r.resources) for r in harness.probe.reverts] == [(first.step.idempotency_key, [])]
         assert harness.probe.calls == [], "nothing was dispatched"
+
+    harness.run(body)
+
+
+def test_a_run_started_here_is_advanced_from_the_definition_it_was_made_with(harness: Harness) -> None:
+    """Issue 14: the engine that creates a run keeps its frozen definition, so that its
+    advance neither reads it back nor parses it again; what it keeps is what was stored.
+    A run it did not make is read once and kept the same way."""
+    read: list[int] = []
+
+    async def body() -> None:
+        store, engine = harness.store, harness.engine
+        original = store.runs_in_flight
+
+        async def runs_in_flight(known: Any = ()) -> Any:
+            found = await original(known)
+            read.extend(c.run.id for c in found if c.run.definition)
+            return found
+
+        store.runs_in_flight = runs_in_flight  # type: ignore[method-assign]
+        phases = "  - name: one\n    steps:\n      - {action: probe.make, name: a}\n"
+        phases += "  - name: two\n    steps:\n      - {action: probe.make, name: b}\n"
+        text = probe_event(phases, cleanup="manual")
+        run = await harness.start(text)
+        stored = await store.get_run(run.id)
+        assert engine._definitions[run.id] == FrozenDefinition.model_validate(stored.definition)
+        elsewhere = Engine(store, harness.registry, clock=harness.clock, options=harness.options)
+        [other] = await elsewhere.start_runs(await store.get_event("engine"), [{}])
+        await elsewhere.close()
+        done = await harness.settle(run, other)
+        assert [d.status for d in done] == ["succeeded", "succeeded"]
+        assert read == [other.id], "only the run made elsewhere is read back, once"
+        assert [s.name for s in await harness.steps(run)] == ["a", "b"]
 
     harness.run(body)
 

@@ -370,6 +370,17 @@ def test_many_runs_start_in_one_request_and_a_bad_entry_is_named(site: Site) -> 
     assert len(site.store_call(lambda s: s.list_runs())) == 3
 
 
+def test_runs_started_through_an_app_without_its_worker_leave_nothing_kept(make_site: Callable[..., Site]) -> None:
+    """An engine keeps the frozen definitions of the runs it starts, for its own advance;
+    the web app without its worker drains nothing, so it keeps none (they would pile up
+    for as long as it serves)."""
+    alone = make_site(worker=False)
+    assert alone.upload(QUICK).status_code == 201
+    made = alone.post("/api/v1/runs/batch", "operator", json={"event": "quick-raid", "runs": [{}, {}]})
+    assert made.status_code == 201, made.text
+    assert alone.state.engine._definitions == {}
+
+
 def test_the_workers_page_and_a_warning_on_every_page_while_none_is_alive(make_site: Callable[..., Site]) -> None:
     """Without a worker, every page warns that runs will wait and nothing is cleaned up
     (a fragment each page fetches again every 15 s); the workers page lists them."""

@@ -78,7 +78,11 @@ class Engine(Drain):
         )
         self.observer: Observer = observer or (lambda kind, data: None)
         self._stopping = asyncio.Event()
-        self._definitions: dict[int, FrozenDefinition] = {}
+        self._definitions: dict[int, FrozenDefinition] = {}  # runs in flight, parsed once
+        # Whether this engine drains the runs it creates, and so keeps their definitions as
+        # it makes them (`_definitions`, emptied as its advance sees them end). An engine
+        # that only creates runs (the web app without its worker) would keep them for ever.
+        self.keeps_definitions = True
         # What the heartbeat keeps claimed: the steps in flight and the cleanups under way.
         self._inflight_ids: dict[int, str] = {}  # step id -> the claim token of the attempt in flight
         self._cleanups: dict[int, asyncio.Task[None]] = {}  # automatic cleanups under way, by run
@@ -125,6 +129,7 @@ class Engine(Drain):
             actor=actor,
             schedule_key=schedule_key,
             in_thread=self.options.render_in_thread,
+            definitions=self._definitions if self.keeps_definitions else None,
         )
 
     async def start_runs(
@@ -133,7 +138,14 @@ class Engine(Drain):
         """Create a run of `event` for each of `params`, all in one transaction, each
         rendered and validated first: one bad parameter refuses them all."""
         made = await runs.start_runs(
-            self.store, self.registry, self.clock, event, params, actor=actor, in_thread=self.options.render_in_thread
+            self.store,
+            self.registry,
+            self.clock,
+            event,
+            params,
+            actor=actor,
+            in_thread=self.options.render_in_thread,
+            definitions=self._definitions if self.keeps_definitions else None,
         )
         return [run for run in made if run is not None]  # (only an occurrence's run can be None)
 

@@ -31,11 +31,20 @@ async def start_run(
     actor: str = "cli",
     schedule_key: str | None = None,
     in_thread: bool = True,
+    definitions: dict[int, FrozenDefinition] | None = None,
 ) -> RunRow | None:
     """Create a run of `event` with `params`: `start_runs` of one."""
     keys = [schedule_key] if schedule_key is not None else None
     [run] = await start_runs(
-        store, registry, clock, event, [params], actor=actor, schedule_keys=keys, in_thread=in_thread
+        store,
+        registry,
+        clock,
+        event,
+        [params],
+        actor=actor,
+        schedule_keys=keys,
+        in_thread=in_thread,
+        definitions=definitions,
     )
     return run
 
@@ -50,19 +59,23 @@ async def start_runs(
     actor: str = "cli",
     schedule_keys: Sequence[str] | None = None,
     in_thread: bool = True,
+    definitions: dict[int, FrozenDefinition] | None = None,
 ) -> list[RunRow | None]:
     """Create a run of `event` for each of `params`, in one transaction. Every step of
     every run is rendered and validated first, so one bad parameter refuses them all
     before anything is stored; runs with the same params are rendered once.
 
     `schedule_keys`, one per run, name occurrences of the event's schedule, each of which
-    makes at most one run: None in the answer means that occurrence's run exists already."""
+    makes at most one run: None in the answer means that occurrence's run exists already.
+    `definitions` (an engine's, by run id) is given each new run's frozen definition, which
+    its advance would otherwise read back and parse again, run by run."""
     if schedule_keys is not None and len(schedule_keys) != len(params):
         raise ValueError("one schedule key per run")
     definition = EventDefinition.model_validate(event.definition)
     rendered: dict[str, tuple[dict[str, Any], FrozenDefinition]] = {}
     now = clock.now()
     new: list[NewRun] = []
+    frozen_of_each: list[FrozenDefinition] = []
     for index, given in enumerate(params):
         try:
             resolved = definition.resolve_params(given or {})
@@ -89,4 +102,8 @@ async def start_runs(
                 schedule_key=schedule_keys[index] if schedule_keys is not None else None,
             )
         )
-    return await store.create_runs(new, actor, now)
+        frozen_of_each.append(frozen)
+    made = await store.create_runs(new, actor, now)
+    if definitions is not None:
+        definitions.update((run.id, f) for run, f in zip(made, frozen_of_each, strict=True) if run is not None)
+    return made

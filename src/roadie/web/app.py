@@ -65,6 +65,7 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
             app.state.gateway = ctx.gateway()
             state = WebState(options, ctx.store, ctx.registry, engine, engine.clock, metrics, broker)
             app.state.web = state
+            engine.keeps_definitions = options.worker  # the runs it starts are drained elsewhere
             if options.worker:
                 state.worker_task = asyncio.create_task(engine.run_forever(), name="roadie-worker")
                 state.worker_task.add_done_callback(_worker_ended)
