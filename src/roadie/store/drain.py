@@ -155,7 +155,9 @@ class DrainQueries(Connector):
             if key not in seen:
                 seen.add(key)
                 unique_inserts.append(row)
-        await conn.execute(*dialects.insert_rows(self.dialect, run_resources, unique_inserts, ignore=True))
+        await dialects.execute_many(
+            conn, *dialects.insert_rows(self.dialect, run_resources, unique_inserts, ignore=True)
+        )
         # A placeholder's ref is its step's own key, so only that step's earlier attempt can
         # hold it: nothing to look up. A lease's target may be held by anyone.
         holders = await live_holders(conn, [t for t in wanted if t[1] in LEASE_KINDS])
@@ -328,7 +330,7 @@ class DrainQueries(Connector):
                 }
             )
         executed = dialects.many_rows_params(self.dialect, _ENDING, params)
-        ended = await conn.execute(_ending(self.dialect), executed)
+        ended = await dialects.execute_many(conn, _ending(self.dialect), executed)
         if ended.rowcount != len(params):  # pragma: no cover - the rows are locked since _held_steps
             raise ClaimLost(f"{len(params) - ended.rowcount} of {len(params)} steps changed hands while recording")
 

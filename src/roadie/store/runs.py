@@ -363,7 +363,7 @@ class RunQueries(Connector):
 
         async def work(conn: AsyncConnection) -> None:
             for chunk in chunks(rows):
-                await conn.execute(*dialects.insert_rows(self.dialect, steps, list(chunk), ignore=True))
+                await dialects.execute_many(conn, *dialects.insert_rows(self.dialect, steps, list(chunk), ignore=True))
             if updates:
                 await conn.execute(
                     update(runs)

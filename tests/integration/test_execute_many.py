@@ -1,0 +1,74 @@
+"""`dialects.execute_many`: rows handed to the driver's executemany in one pass are written
+exactly as SQLAlchemy's own executemany writes them, on every database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, select, update
+from tests.conftest import Harness
+from tests.integration.test_ledger_rules import one_step
+
+from roadie.store import dialects
+from roadie.store.tables import run_resources
+
+PAYLOADS: list[Any] = [None, {"a": [1, "é"], "b": None}, [1, 2.5], "text", 3]
+
+
+def test_rows_passed_in_one_pass_are_written_as_sqlalchemy_writes_them(harness: Harness) -> None:
+    async def body() -> None:
+        store = harness.store
+        run = await harness.start(one_step({}, cleanup="manual"))
+        now = harness.clock.now()
+
+        def rows(prefix: str, **extra: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "run_id": run.id,
+                    "step_id": None,
+                    "owner": "probe",
+                    "kind": "thing",
+                    "ref": f"{prefix}-{i}",
+                    "payload": payload,
+                    "state": "pending",
+                    "created_at": now + timedelta(microseconds=i),
+                    "updated_at": now,
+                    **extra,
+                }
+                for i, payload in enumerate(PAYLOADS)
+            ]
+
+        # The same statement object each time, as the store's are.
+        renamed = (
+            update(run_resources).where(run_resources.c.ref == bindparam("b_ref")).values(state=bindparam("b_state"))
+        )
+        async with store.engine.begin() as conn:
+            await dialects.execute_many(
+                conn, *dialects.insert_rows(store.dialect, run_resources, rows("ours", attempts=2))
+            )
+            await conn.execute(*dialects.insert_rows(store.dialect, run_resources, rows("theirs", attempts=2)))
+            # A column left to its Python default: SQLAlchemy computes it per row, so these go its way.
+            await dialects.execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows("defaulted")))
+            changes = [{"b_ref": f"ours-{i}", "b_state": "live"} for i in range(len(PAYLOADS))]
+            changed = await dialects.execute_many(conn, renamed, [*changes, {"b_ref": "none such", "b_state": "live"}])
+            assert changed.rowcount == len(PAYLOADS)
+            await conn.execute(renamed, [{**c, "b_ref": c["b_ref"].replace("ours", "theirs")} for c in changes])
+
+        columns = ("ref", "payload", "state", "created_at", "updated_at", "attempts")
+        async with store.engine.connect() as conn:
+            # As the database holds them (the driver's own values, no SQLAlchemy type), and as read.
+            raw = (await conn.exec_driver_sql(f"SELECT {', '.join(columns)} FROM run_resources ORDER BY ref")).all()
+            read = (await conn.execute(select(*(run_resources.c[c] for c in columns)))).all()
+
+        def by_ref(found: list[Any], prefix: str) -> list[tuple[Any, ...]]:
+            return sorted((r[0].split("-")[-1], *r[1:]) for r in found if r[0].startswith(prefix + "-"))
+
+        for found in (raw, read):
+            ours, theirs = by_ref(found, "ours"), by_ref(found, "theirs")
+            assert len(ours) == len(PAYLOADS)
+            assert ours == theirs
+        assert [r[1] for r in by_ref(read, "ours")] == PAYLOADS
+        assert {r[-1] for r in by_ref(read, "defaulted")} == {0}
+
+    harness.run(body)
