@@ -145,8 +145,14 @@ class RunQueries(Connector):
         async def work(conn: AsyncConnection) -> list[RunRow | None]:
             made: dict[str, RunRow] = {}  # by nonce
             for chunk in chunks(plain, 500):
+                # Many runs go in as one array a column, whose text does not grow with
+                # them; one run's plain VALUES is shorter, and its definition (which may
+                # run to megabytes) is dumped faster alone than as an array's element.
                 # Each run's row is found by its nonce: the order rows come back in is no matter.
-                statement, parameters = dialects.insert_rows(self.dialect, runs, list(chunk))
+                if len(chunk) == 1:
+                    statement, parameters = runs.insert(), chunk[0]
+                else:
+                    statement, parameters = dialects.insert_rows(self.dialect, runs, list(chunk))
                 inserted = await conn.execute(statement.returning(*runs.c), parameters)
                 made.update((r.nonce, from_row(RunRow, r)) for r in inserted)
             if keyed:
