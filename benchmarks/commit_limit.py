@@ -85,6 +85,14 @@ class Census:
             if result.rowcount > 0:
                 self.pending[label] += result.rowcount
 
+    def driver_statement(self, sql: str, parameters: Any, many: bool, rowcount: int) -> None:
+        """A statement the store gave the driver as text (`dialects.execute_many`)."""
+        words = sql.split()
+        if words[:2] == ["INSERT", "INTO"]:
+            self.pending[f"INSERT {words[2]}"] += len(parameters) if many else 1
+        elif words[:1] == ["UPDATE"] and rowcount > 0:
+            self.pending[f"UPDATE {words[1]}"] += rowcount
+
     def commit(self, name: str) -> None:
         if self.joined:
             if name == "record_outcomes":  # the claim's statements follow, in the same transaction
@@ -99,6 +107,11 @@ def _instrument(store: Store, census: Census) -> None:
     @event.listens_for(store.engine.sync_engine, "after_execute")
     def _after(conn: Any, clause: Any, multiparams: Any, params: Any, options: Any, result: Any) -> None:
         census.statement(clause, multiparams, params, result)
+
+    @event.listens_for(store.engine.sync_engine, "after_cursor_execute")
+    def _driver(conn: Any, cursor: Any, sql: str, parameters: Any, context: Any, many: bool) -> None:
+        if context is not None and context.compiled is None:  # not one `_after` is told of
+            census.driver_statement(sql, parameters, many, cursor.rowcount)
 
     @event.listens_for(store.engine.sync_engine, "begin")
     def _begin(conn: Any) -> None:
