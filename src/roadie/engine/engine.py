@@ -120,34 +120,32 @@ class Engine(Drain):
 
         A `schedule_key` names one occurrence of the event's schedule, which makes at most
         one run: None means that occurrence's run exists already."""
-        return await runs.start_run(
-            self.store,
-            self.registry,
-            self.clock,
-            event,
-            params,
-            actor=actor,
-            schedule_key=schedule_key,
-            in_thread=self.options.render_in_thread,
-            definitions=self._definitions if self.keeps_definitions else None,
-        )
+        keys = [schedule_key] if schedule_key is not None else None
+        [run] = await self._start(event, [params], actor, keys)
+        return run
 
     async def start_runs(
         self, event: EventRow, params: Sequence[dict[str, Any] | None], *, actor: str = "cli"
     ) -> list[RunRow]:
         """Create a run of `event` for each of `params`, all in one transaction, each
         rendered and validated first: one bad parameter refuses them all."""
-        made = await runs.start_runs(
+        made = await self._start(event, params, actor, None)
+        return [run for run in made if run is not None]  # (only an occurrence's run can be None)
+
+    async def _start(
+        self, event: EventRow, params: Sequence[dict[str, Any] | None], actor: str, keys: list[str] | None
+    ) -> list[RunRow | None]:
+        return await runs.start_runs(
             self.store,
             self.registry,
             self.clock,
             event,
             params,
             actor=actor,
+            schedule_keys=keys,
             in_thread=self.options.render_in_thread,
             definitions=self._definitions if self.keeps_definitions else None,
         )
-        return [run for run in made if run is not None]  # (only an occurrence's run can be None)
 
     async def cancel_run(self, run_id: int, *, actor: str = "cli") -> bool:
         """Stop new dispatches; in-flight steps answer; the run ends cancelled and is cleaned up."""

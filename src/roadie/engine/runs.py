@@ -21,34 +21,6 @@ from roadie.store import NewRun, Store
 from roadie.store.rows import EventRow, RunRow
 
 
-async def start_run(
-    store: Store,
-    registry: Registry,
-    clock: Clock,
-    event: EventRow,
-    params: dict[str, Any] | None = None,
-    *,
-    actor: str = "cli",
-    schedule_key: str | None = None,
-    in_thread: bool = True,
-    definitions: dict[int, FrozenDefinition] | None = None,
-) -> RunRow | None:
-    """Create a run of `event` with `params`: `start_runs` of one."""
-    keys = [schedule_key] if schedule_key is not None else None
-    [run] = await start_runs(
-        store,
-        registry,
-        clock,
-        event,
-        [params],
-        actor=actor,
-        schedule_keys=keys,
-        in_thread=in_thread,
-        definitions=definitions,
-    )
-    return run
-
-
 async def start_runs(
     store: Store,
     registry: Registry,
