@@ -86,7 +86,7 @@ class Census:
                 self.pending[label] += result.rowcount
 
     def driver_statement(self, sql: str, parameters: Any, many: bool, rowcount: int) -> None:
-        """A statement the store gave the driver as text (`dialects.execute_many`)."""
+        """A statement the store gave the driver as text (`store.executemany`)."""
         words = sql.split()
         if words[:2] == ["INSERT", "INTO"]:
             self.pending[f"INSERT {words[2]}"] += len(parameters) if many else 1

@@ -1,4 +1,4 @@
-"""`dialects.execute_many`: rows handed to the driver's executemany in one pass are written
+"""`executemany.execute_many`: rows handed to the driver's executemany in one pass are written
 exactly as SQLAlchemy's own executemany writes them, on every database."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from tests.conftest import Harness
 from tests.integration.test_ledger_rules import one_step
 
 from roadie.store import dialects
+from roadie.store.executemany import execute_many
 from roadie.store.tables import run_resources
 
 PAYLOADS: list[Any] = [None, {"a": [1, "é"], "b": None}, [1, 2.5], "text", 3]
@@ -44,14 +45,12 @@ def test_rows_passed_in_one_pass_are_written_as_sqlalchemy_writes_them(harness: 
             update(run_resources).where(run_resources.c.ref == bindparam("b_ref")).values(state=bindparam("b_state"))
         )
         async with store.engine.begin() as conn:
-            await dialects.execute_many(
-                conn, *dialects.insert_rows(store.dialect, run_resources, rows("ours", attempts=2))
-            )
+            await execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows("ours", attempts=2)))
             await conn.execute(*dialects.insert_rows(store.dialect, run_resources, rows("theirs", attempts=2)))
             # A column left to its Python default: SQLAlchemy computes it per row, so these go its way.
-            await dialects.execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows("defaulted")))
+            await execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows("defaulted")))
             changes = [{"b_ref": f"ours-{i}", "b_state": "live"} for i in range(len(PAYLOADS))]
-            changed = await dialects.execute_many(conn, renamed, [*changes, {"b_ref": "none such", "b_state": "live"}])
+            changed = await execute_many(conn, renamed, [*changes, {"b_ref": "none such", "b_state": "live"}])
             assert changed.rowcount == len(PAYLOADS)
             await conn.execute(renamed, [{**c, "b_ref": c["b_ref"].replace("ours", "theirs")} for c in changes])
 

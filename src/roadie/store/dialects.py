@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,6 @@ import orjson
 import structlog
 from sqlalchemy import (
     ColumnElement,
-    CursorResult,
-    Executable,
     Insert,
     Select,
     Table,
@@ -27,9 +24,9 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from roadie.errors import ConfigError, StoreError
 from roadie.store import sqlite_driver
@@ -444,78 +441,6 @@ def refuses_data(error: BaseException) -> bool:
     same statement will be refused again, while the next one may well go in."""
     cause = error.__cause__ if isinstance(error, StoreError) else error
     return isinstance(cause, DataError | IntegrityError)
-
-
-async def execute_many(conn: AsyncConnection, statement: Executable, parameters: Any) -> CursorResult[Any]:
-    """`conn.execute(statement, parameters)`, where a list of rows (the same keys in each)
-    goes to the driver's executemany with each row's values converted in one pass, by the
-    statement's own bind types, from the statement compiled once for those keys.
-
-    SQLAlchemy's executemany builds each row's parameters through its general machinery:
-    for a batch of 100 rows of ten columns it cost the worker's thread 0.97 ms, against
-    0.55 ms done here, and a drain's batch writes three such rows a step. A statement
-    this cannot pass that way (a driver that takes named parameters, values SQLAlchemy
-    computes per row: a column's Python default) goes the ordinary way. For statements
-    made once: each is kept with its plan."""
-    if not isinstance(parameters, list) or not parameters:
-        return await conn.execute(statement, parameters)
-    keys = tuple(sorted(parameters[0]))
-    dialect = conn.dialect
-    known = (statement, type(dialect), dialect.server_version_info, dialect.paramstyle, keys)
-    plan = _plans.get(known)
-    if plan is None:
-        if len(_plans) >= _PLANS:  # statements made afresh each time: they gain nothing here
-            _plans.clear()
-        plan = _plans[known] = _RowPlan.of(statement, dialect, keys)
-    if plan.sql is None:
-        return await conn.execute(statement, parameters)
-    rows = [tuple(f(row) for f in plan.fields) for row in parameters]
-    return await conn.exec_driver_sql(plan.sql, rows)
-
-
-class _RowPlan:
-    """How `execute_many` passes rows of one set of keys to one statement: its text, and
-    for each of its positional parameters how a row's value is found and converted."""
-
-    def __init__(self, sql: str | None, fields: list[Callable[[Mapping[str, Any]], Any]]) -> None:
-        self.sql = sql
-        self.fields = fields
-
-    @classmethod
-    def of(cls, statement: Executable, dialect: Dialect, keys: tuple[str, ...]) -> _RowPlan:
-        compiled = statement.compile(dialect=dialect, column_keys=list(keys))  # type: ignore[attr-defined]
-        if (
-            not compiled.positional
-            or compiled.insert_prefetch
-            or compiled.update_prefetch
-            or compiled.literal_execute_params
-            or compiled.post_compile_params
-            or compiled.escaped_bind_names
-            or any(bind.callable for bind in compiled.binds.values())
-        ):
-            return cls(None, [])
-        fixed = compiled.construct_params(dict.fromkeys(keys))
-        fields: list[Callable[[Mapping[str, Any]], Any]] = []
-        for name in compiled.positiontup:
-            bind = compiled.binds[name]
-            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
-            fields.append(_field(name, name in keys, fixed.get(name), process))
-        return cls(str(compiled), fields)
-
-
-def _field(
-    name: str, given: bool, fixed: Any, process: Callable[[Any], Any] | None
-) -> Callable[[Mapping[str, Any]], Any]:
-    if not given:
-        value = process(fixed) if process else fixed
-        return lambda row: value
-    if process is None:
-        return itemgetter(name)
-    return lambda row: process(row[name])
-
-
-_plans: dict[tuple[Any, ...], _RowPlan] = {}
-_PLANS = 256
 
 
 def insert_rows(

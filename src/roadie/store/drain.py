@@ -34,6 +34,7 @@ from roadie.states import (
 )
 from roadie.store import dialects
 from roadie.store.connector import Connector, aware, chunks
+from roadie.store.executemany import execute_many
 from roadie.store.ledger import MarkedRuns, live_holders, mark_dirty, record_resources
 from roadie.store.records import Claimed, Outcome
 from roadie.store.rows import StepRow, from_row, from_rows
@@ -155,9 +156,7 @@ class DrainQueries(Connector):
             if key not in seen:
                 seen.add(key)
                 unique_inserts.append(row)
-        await dialects.execute_many(
-            conn, *dialects.insert_rows(self.dialect, run_resources, unique_inserts, ignore=True)
-        )
+        await execute_many(conn, *dialects.insert_rows(self.dialect, run_resources, unique_inserts, ignore=True))
         # A placeholder's ref is its step's own key, so only that step's earlier attempt can
         # hold it: nothing to look up. A lease's target may be held by anyone.
         holders = await live_holders(conn, [t for t in wanted if t[1] in LEASE_KINDS])
@@ -330,7 +329,7 @@ class DrainQueries(Connector):
                 }
             )
         executed = dialects.many_rows_params(self.dialect, _ENDING, params)
-        ended = await dialects.execute_many(conn, _ending(self.dialect), executed)
+        ended = await execute_many(conn, _ending(self.dialect), executed)
         if ended.rowcount != len(params):  # pragma: no cover - the rows are locked since _held_steps
             raise ClaimLost(f"{len(params) - ended.rowcount} of {len(params)} steps changed hands while recording")
 

@@ -37,6 +37,7 @@ from roadie.states import (
 from roadie.store import dialects
 from roadie.store.audit import audit_entry, record_audit
 from roadie.store.connector import Connector, chunks
+from roadie.store.executemany import execute_many
 from roadie.store.notify import notify_runs
 from roadie.store.records import NewRun, PhaseCounts, RunMove
 from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow, from_row, from_rows
@@ -369,7 +370,7 @@ class RunQueries(Connector):
 
         async def work(conn: AsyncConnection) -> None:
             for chunk in chunks(rows):
-                await dialects.execute_many(conn, *dialects.insert_rows(self.dialect, steps, list(chunk), ignore=True))
+                await execute_many(conn, *dialects.insert_rows(self.dialect, steps, list(chunk), ignore=True))
             if updates:
                 await conn.execute(
                     update(runs)
