@@ -21,6 +21,7 @@ from roadie.store.records import Claimed, NewResource, NewStep, Outcome, PhaseCo
 from roadie.store.runs import RunQueries
 from roadie.store.schedules import ScheduleQueries
 from roadie.store.stacks import StackQueries
+from roadie.store.steps import StepQueries
 from roadie.store.workers import WorkerQueries
 
 __all__ = ["Claimed", "NewResource", "NewStep", "Outcome", "PhaseCounts", "RunMove", "Store", "WritePoint"]
@@ -31,6 +32,7 @@ class Store(
     RunQueries,
     ScheduleQueries,
     DrainQueries,
+    StepQueries,
     LedgerQueries,
     LeaseQueries,
     StackQueries,
