@@ -143,6 +143,8 @@ class RunQueries(Connector):
         plain = [v for v in values if v["schedule_key"] is None]
         keyed = [v for v in values if v["schedule_key"] is not None]
 
+        given = {v["nonce"]: v["definition"] for v in plain}
+
         async def work(conn: AsyncConnection) -> list[RunRow | None]:
             made: dict[str, RunRow] = {}  # by nonce
             for chunk in chunks(plain, 500):
@@ -154,8 +156,9 @@ class RunQueries(Connector):
                     statement, parameters = runs.insert(), chunk[0]
                 else:
                     statement, parameters = dialects.insert_rows(self.dialect, runs, list(chunk))
-                inserted = await conn.execute(statement.returning(*runs.c), parameters)
-                made.update((r.nonce, from_row(RunRow, r)) for r in inserted)
+                # Not the definition, which is in hand: read back, it would be decoded again.
+                inserted = await conn.execute(statement.returning(*_RUN_STATE), parameters)
+                made.update((r.nonce, from_row(RunRow, r, definition=given[r.nonce])) for r in inserted)
             if keyed:
                 # The key's unique constraint decides; the nonce says whether this insert
                 # is the one that won. (No savepoint and no RETURNING on a conflict: both
