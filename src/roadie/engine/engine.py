@@ -290,14 +290,7 @@ class Engine(Drain):
 
     async def _next_due(self) -> datetime | None:
         _, due = await self._advance()
-        for candidate in (
-            await self.store.next_step_due(),
-            await self.store.next_lease_expiry(),
-            await self.store.next_claim_expiry(),
-            await schedules.next_due(self),
-        ):
-            due = earliest(due, candidate)
-        return due
+        return earliest(earliest(due, await self.store.next_due()), await schedules.next_due(self))
 
     async def run_forever(self) -> None:
         """The worker: tick, then sleep until the next thing is due (or a poll interval).

@@ -337,7 +337,7 @@ class DrainQueries(Connector):
 
         The attempt that was lost counts; a step with no attempts left fails, because a
         worker that keeps dying on it is a failure too, and cleanup must get its turn.
-        A claim is expired *at* its expiry, the moment `next_claim_expiry` names: a worker
+        A claim is expired *at* its expiry, the moment `next_due` names: a worker
         woken then must find the step, or a fake clock would stand still there for ever.
         """
 
@@ -379,23 +379,16 @@ class DrainQueries(Connector):
         result: int = await self._write("requeue_expired_claims", work)
         return result
 
-    async def next_step_due(self) -> datetime | None:
-        query = select(func.min(steps.c.not_before)).where(steps.c.status == StepStatus.READY.value)
+    async def next_due(self) -> datetime | None:
+        """The earliest moment something the drain or the lease sweep waits for falls due:
+        a ready step's `not_before`, a running step's claim expiry, a live lease's `until`.
+        One statement: a worker asks at the end of every tick."""
 
         async def work(conn: AsyncConnection) -> datetime | None:
-            value = (await conn.execute(query)).scalar()
-            return aware(value)
+            row = (await conn.execute(_NEXT_DUE)).one()
+            return min((moment for moment in map(aware, row) if moment is not None), default=None)
 
-        result: datetime | None = await self._read(work)
-        return result
-
-    async def next_claim_expiry(self) -> datetime | None:
-        query = select(func.min(steps.c.claim_expires)).where(steps.c.status == StepStatus.RUNNING.value)
-
-        async def work(conn: AsyncConnection) -> datetime | None:
-            return aware((await conn.execute(query)).scalar())
-
-        result: datetime | None = await self._read(work)
+        result: datetime | None = await self._read(work, one_statement=True)
         return result
 
 
@@ -410,6 +403,14 @@ _WRITTEN = {
 }
 _ENDING = {"b_id": steps.c.id, "b_token": steps.c.claim_token} | _WRITTEN
 
+
+_NEXT_DUE = select(
+    select(func.min(steps.c.not_before)).where(steps.c.status == StepStatus.READY.value).scalar_subquery(),
+    select(func.min(steps.c.claim_expires)).where(steps.c.status == StepStatus.RUNNING.value).scalar_subquery(),
+    select(func.min(run_resources.c.until))
+    .where(run_resources.c.kind.in_(LEASE_KINDS), run_resources.c.state == ResourceState.LIVE.value)
+    .scalar_subquery(),
+)
 
 # The drain's statements are made once per dialect, their values given as parameters:
 # making one (SQLAlchemy builds a statement object by object, then walks it for its cache

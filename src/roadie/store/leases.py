@@ -7,7 +7,6 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    func,
     or_,
     select,
     update,
@@ -20,7 +19,7 @@ from roadie.states import (
     ResourceState,
 )
 from roadie.store.cleanups import fence_cleanup, reverted
-from roadie.store.connector import Connector, aware
+from roadie.store.connector import Connector
 from roadie.store.records import CleanupClaim
 from roadie.store.rows import ResourceRow, from_rows
 from roadie.store.tables import (
@@ -180,17 +179,6 @@ class LeaseQueries(Connector):
             )
 
         await self._write("release_lease_row", work)
-
-    async def next_lease_expiry(self) -> datetime | None:
-        query = select(func.min(run_resources.c.until)).where(
-            run_resources.c.kind.in_(LEASE_KINDS), run_resources.c.state == ResourceState.LIVE.value
-        )
-
-        async def work(conn: AsyncConnection) -> datetime | None:
-            return aware((await conn.execute(query)).scalar())
-
-        result: datetime | None = await self._read(work)
-        return result
 
     async def leases_in_force(self) -> list[ResourceRow]:
         query = (
