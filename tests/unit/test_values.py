@@ -105,7 +105,10 @@ def test_a_json_column_refuses_what_json_refuses_and_keeps_what_orjson_would_cha
     # Not strings as keys, subclasses of JSON's types: json's text, not orjson's.
     assert json_dumps({1: "a", "b": None}) == json.dumps({1: "a", "b": None})
     assert json_dumps(StepStatus.READY) == json.dumps(StepStatus.READY)
-    assert json_dumps({"ref": "nullable"}) == json.dumps({"ref": "nullable"})
+    # A null, in a string or not, is orjson's unless the value holds NaN or an infinity.
+    assert json_dumps({"ref": "nullable", "none": None}) == '{"ref":"nullable","none":null}'
+    assert json_dumps({"rate": math.inf, "none": None}) == json.dumps({"rate": math.inf, "none": None})
+    assert json_dumps({"why": "NaN", "none": None}) == json.dumps({"why": "NaN", "none": None})
     assert json_dumps([1, "é", {"a": 2.5}]) == '[1,"é",{"a":2.5}]'
 
 
