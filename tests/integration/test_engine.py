@@ -823,6 +823,9 @@ def test_a_run_started_here_is_advanced_from_the_definition_it_was_made_with(har
         run = await harness.start(text)
         stored = await store.get_run(run.id)
         assert engine._definitions[run.id] == FrozenDefinition.model_validate(stored.definition)
+        # The run as created answers the definition it was given, not read back: the same.
+        assert run.definition == stored.definition
+        assert run == stored
         elsewhere = Engine(store, harness.registry, clock=harness.clock, options=harness.options)
         [other] = await elsewhere.start_runs(await store.get_event("engine"), [{}])
         await elsewhere.close()

@@ -80,8 +80,8 @@ def json_loads(text: str | bytes) -> Any:
 # What orjson would write otherwise than json does is left to json: values it refuses (an
 # integer past 64 bits, a key that is not a string, a lone surrogate, a subclass of a JSON
 # type, a dataclass or a time, which json refuses too), and NaN and the infinities, which
-# it writes as null (so a null it writes sends the value to json if the value holds one). It writes a UUID and
-# an Enum, which json refuses, as their text and their value.
+# it writes as null (so a value whose text has a null goes to json if it holds one). It
+# writes a UUID and an Enum, which json refuses, as their text and their value.
 _ORJSON_EXACT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
