@@ -12,6 +12,7 @@ from sqlalchemy import (
     CompoundSelect,
     Select,
     Text,
+    Update,
     and_,
     bindparam,
     case,
@@ -177,7 +178,7 @@ class RunQueries(Connector):
                     detail["schedule_key"] = n.schedule_key
                 entries.append(audit_entry(now, actor, "run.start", f"run:{row.id}", detail))
             if entries:
-                await conn.execute(audit.insert(), entries)
+                await execute_many(conn, *dialects.insert_rows(self.dialect, audit, entries))
             return rows
 
         result: list[RunRow | None] = await self._write("create_run", work)
@@ -375,26 +376,8 @@ class RunQueries(Connector):
             for chunk in chunks(rows):
                 await execute_many(conn, *dialects.insert_rows(self.dialect, steps, list(chunk), ignore=True))
             if updates:
-                await conn.execute(
-                    update(runs)
-                    .where(
-                        runs.c.id == bindparam("b_id"),
-                        runs.c.phase == bindparam("b_old_phase"),
-                        runs.c.materialised_phase == bindparam("b_old_materialised"),
-                        # (an IN list cannot be used with executemany)
-                        or_(runs.c.status == RunStatus.PENDING.value, runs.c.status == RunStatus.RUNNING.value),
-                    )
-                    .values(
-                        phase=bindparam("b_phase"),
-                        materialised_phase=bindparam("b_materialised"),
-                        phase_due_at=bindparam("b_due"),
-                        ends_at=bindparam("b_ends"),
-                        status=bindparam("b_status"),
-                        started_at=bindparam("b_started"),
-                        ended_at=bindparam("b_ended"),
-                    ),
-                    updates,
-                )
+                executed = dialects.many_rows_params(self.dialect, _ADVANCING, updates)
+                await execute_many(conn, _advancing(self.dialect), executed)
             skip = [m.run.id for m in moves if m.skip_ready]
             if skip:
                 await skip_ready_steps(conn, skip, now, "run stopped")
@@ -483,3 +466,39 @@ def _cancelling(dialect: str) -> Select[Any]:
     before each refill)."""
     stopping = runs.c.cancel_requested.is_(True)
     return select(runs.c.id).where(dialects.one_of_param(dialect, runs.c.id, "b_ids"), stopping)
+
+
+# A run moved on: its phase and state as the engine decided them, given only if the run
+# is still where the engine saw it (its phase, materialised phase and a live status).
+_ADVANCED = {
+    "b_phase": runs.c.phase,
+    "b_materialised": runs.c.materialised_phase,
+    "b_due": runs.c.phase_due_at,
+    "b_ends": runs.c.ends_at,
+    "b_status": runs.c.status,
+    "b_started": runs.c.started_at,
+    "b_ended": runs.c.ended_at,
+}
+_ADVANCING = {
+    "b_id": runs.c.id,
+    "b_old_phase": runs.c.phase,
+    "b_old_materialised": runs.c.materialised_phase,
+} | _ADVANCED
+
+
+@cache
+def _advancing(dialect: str) -> Update:
+    """`advance_runs`' moves, each run with its own values (`_ADVANCING`, from `many_rows`):
+    on PostgreSQL one statement for all of them, where an executemany sent one a run."""
+    c, moved = runs.c, dialects.many_rows(dialect, _ADVANCING)
+    return (
+        update(runs)
+        .where(
+            c.id == moved["b_id"],
+            c.phase == moved["b_old_phase"],
+            c.materialised_phase == moved["b_old_materialised"],
+            # (an IN list cannot be used with executemany)
+            or_(c.status == RunStatus.PENDING.value, c.status == RunStatus.RUNNING.value),
+        )
+        .values({column: moved[name] for name, column in _ADVANCED.items()})
+    )
