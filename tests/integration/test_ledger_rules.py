@@ -34,12 +34,13 @@ THING = {"kind": "thing", "ref": "thing-1"}
 
 def test_placeholder_is_committed_before_the_action_is_called(harness: Harness) -> None:
     """Rule 1: when the module is called, a separate connection to the database already
-    sees the step's `{@step, key}` row in state `pending`."""
-    seen: list[list[tuple[str, str, str, str]]] = []
+    sees the step's `{@step, key}` row in state `pending`, naming the step's action and
+    its place in the event."""
+    seen: list[list[tuple[str, str, str, str, Any]]] = []
 
     async def look(call: Call[Any]) -> None:
         r = tables.run_resources.c
-        seen.append(await harness.peek(r.owner, r.kind, r.ref, r.state))
+        seen.append(await harness.peek(r.owner, r.kind, r.ref, r.state, r.payload))
 
     harness.probe.observe = look
 
@@ -47,7 +48,8 @@ def test_placeholder_is_committed_before_the_action_is_called(harness: Harness) 
         run = await harness.start(one_step({"answer": [THING]}))
         await harness.settle(run)
         step = await harness.step(run, "make")
-        assert seen == [[("probe", "@step", step.idempotency_key, "pending")]]
+        where = {"action": "probe.make", "phase": 0, "seq": 0}
+        assert seen == [[("probe", "@step", step.idempotency_key, "pending", where)]]
 
     harness.run(body)
 
