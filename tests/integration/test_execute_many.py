@@ -71,3 +71,73 @@ def test_rows_passed_in_one_pass_are_written_as_sqlalchemy_writes_them(harness: 
         assert {r[-1] for r in by_ref(read, "defaulted")} == {0}
 
     harness.run(body)
+
+
+def test_a_value_the_same_in_every_row_is_written_as_every_row_gave_it(harness: Harness) -> None:
+    """On PostgreSQL a column whose value is the same in every row goes once, not as an
+    array (`dialects.insert_rows`, `many_rows`). Equal is not the same for JSON: `1`,
+    `True` and `1.0` are equal in Python, and each must come back as it went in."""
+
+    async def body() -> None:
+        store = harness.store
+        run = await harness.start(one_step({}, cleanup="manual"))
+        now = harness.clock.now()
+        later = now + timedelta(seconds=1)
+        shared = {"same": "object"}
+        sets: dict[str, list[Any]] = {
+            "n": [1, True, 1],  # equal in Python, each its own JSON
+            "d": [{"a": 1}, {"a": True}, {"a": 1.0}],
+            "s": [shared, shared, shared],  # one object in every row
+        }
+
+        def rows(prefix: str) -> list[dict[str, Any]]:
+            return [
+                {
+                    "run_id": run.id,
+                    "step_id": None,
+                    "owner": "probe",  # the same in every row
+                    "kind": "thing",
+                    "ref": f"{prefix}-{i}",
+                    "payload": payload,
+                    "member_key": None,
+                    "until": None,
+                    "state": "live" if i else "pending",  # the same but in the first row
+                    "created_at": now,
+                    "updated_at": now,
+                    "attempts": 0,
+                    "error": None,
+                }
+                for i, payload in enumerate(sets[prefix])
+            ]
+
+        c = run_resources.c
+        async with store.engine.begin() as conn:
+            for prefix in sets:
+                await execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows(prefix)))
+            columns = {"b_ref": c.ref, "b_error": c.error, "b_at": c.updated_at}
+            changes = [{"b_ref": f"s-{i}", "b_error": "gone" if i % 2 else "kept", "b_at": later} for i in range(3)]
+            fixed, params = dialects.many_rows_params(store.dialect, columns, changes)
+            source = dialects.many_rows(store.dialect, columns, fixed)
+            statement = (
+                update(run_resources)
+                .where(c.ref == source["b_ref"])
+                .values(error=source["b_error"], updated_at=source["b_at"])
+            )
+            assert (await execute_many(conn, statement, params)).rowcount == 3
+
+        async with store.engine.connect() as conn:
+            read = (await conn.execute(select(c.ref, c.payload, c.state, c.owner, c.error, c.updated_at))).all()
+        got = {r.ref: r for r in read}
+        assert len(got) == 9
+        for prefix, payloads in sets.items():
+            for i, payload in enumerate(payloads):
+                row = got[f"{prefix}-{i}"]
+                assert row.payload == payload
+                assert repr(row.payload) == repr(payload)  # True as True, 1.0 as 1.0
+                assert row.state == ("live" if i else "pending")
+                assert row.owner == "probe"
+        for i in range(3):
+            assert (got[f"s-{i}"].error, got[f"s-{i}"].updated_at) == ("gone" if i % 2 else "kept", later)
+        assert {got[f"n-{i}"].updated_at for i in range(3)} == {now}
+
+    harness.run(body)

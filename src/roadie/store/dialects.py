@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import orjson
 import pydantic_core
 import structlog
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     Insert,
     Select,
@@ -469,17 +470,39 @@ def insert_rows(
     the rows as they are, for the driver's executemany. The statement is made once for
     each table and set of keys."""
     names = tuple(rows[0])
-    statement = _inserting(dialect_name, table, names, ignore)
     if dialect_name != "postgresql":
-        return statement, rows
-    return statement, {f"rows_{name}": [row[name] for row in rows] for name in names}
+        return _inserting(dialect_name, table, names, ignore), rows
+    fixed = _same_in_every_row({name: table.c[name] for name in names}, rows)
+    return _inserting(dialect_name, table, names, ignore, fixed), _arrays(names, rows, fixed)
+
+
+def _same_in_every_row(columns: Mapping[str, ColumnElement[Any]], rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The keys of `columns` (but the first) whose value is the same in every row, to be
+    sent once rather than as an array of copies: psycopg writes an array element by
+    element, in Python. The same means of one type and equal; for a JSON column, the
+    same object (`1 == True` there, and `{"a": 1} == {"a": True}`)."""
+    first = rows[0]
+    fixed = []
+    for key in list(columns)[1:]:  # the first stays an array: there are as many rows as its elements
+        value = first[key]
+        if isinstance(columns[key].type, JSON):
+            same = all(row[key] is value for row in rows)
+        else:
+            kind = type(value)
+            same = all(type(row[key]) is kind and row[key] == value for row in rows)
+        if same:
+            fixed.append(key)
+    return tuple(fixed)
 
 
 @cache
-def _inserting(dialect_name: str, table: Table, names: tuple[str, ...], ignore: bool) -> Insert:
+def _inserting(
+    dialect_name: str, table: Table, names: tuple[str, ...], ignore: bool, fixed: tuple[str, ...] = ()
+) -> Insert:
     if dialect_name != "postgresql":
         return insert_ignore(dialect_name, table) if ignore else table.insert()
-    statement = insert(table).from_select(list(names), unnested({name: table.c[name] for name in names}))
+    source = unnested({name: table.c[name] for name in names}, fixed=fixed)
+    statement = insert(table).from_select(list(names), source)
     return _ignoring(statement, dialect_name) if ignore else statement
 
 
@@ -508,35 +531,51 @@ def _ignoring(statement: Insert, dialect_name: str) -> Insert:
     return statement
 
 
-def many_rows(dialect_name: str, columns: Mapping[str, ColumnElement[Any]]) -> Any:
+def many_rows(dialect_name: str, columns: Mapping[str, ColumnElement[Any]], fixed: Collection[str] = ()) -> Any:
     """What an UPDATE of many rows, each with its own values, reads them from: `source`,
     where `source[key]` stands for each row's value of `key` (`many_rows_params` gives
-    the rows to execute it with). On PostgreSQL a table unnested from one array per key
+    the rows to execute it with, and `fixed`). On PostgreSQL a table unnested from one
+    array per key, but for the keys `fixed`, whose one value goes for every row
     (`UPDATE ... FROM`), one statement of fixed text; elsewhere bind parameters, for the
     driver's executemany. Made once, a statement built on it is used again and again."""
     if dialect_name == "postgresql":
-        return unnested(columns).subquery("source").c
+        return unnested(columns, fixed=fixed).subquery("source").c
     return {key: bindparam(key) for key in columns}
 
 
 def many_rows_params(
     dialect_name: str, columns: Mapping[str, ColumnElement[Any]], rows: list[dict[str, Any]]
-) -> dict[str, list[Any]] | list[dict[str, Any]]:
-    """The parameters to execute a statement built on `many_rows(columns)` with."""
-    if dialect_name == "postgresql":
-        return {f"rows_{key}": [row[key] for row in rows] for key in columns}
-    return rows
+) -> tuple[tuple[str, ...], dict[str, Any] | list[dict[str, Any]]]:
+    """The keys whose value is the same in every row (on PostgreSQL), and the parameters
+    to execute a statement built on `many_rows(columns, fixed)` with."""
+    if dialect_name != "postgresql":
+        return (), rows
+    fixed = _same_in_every_row(columns, rows)
+    return fixed, _arrays(columns, rows, fixed)
 
 
-def unnested(columns: Mapping[str, ColumnElement[Any]]) -> Select[Any]:
+def _arrays(columns: Iterable[str], rows: list[dict[str, Any]], fixed: tuple[str, ...]) -> dict[str, Any]:
+    """`unnested`'s parameters: an array of every row's value of each key, one value of
+    each key `fixed`."""
+    parameters: dict[str, Any] = {f"rows_{key}": [row[key] for row in rows] for key in columns if key not in fixed}
+    parameters.update((f"one_{key}", rows[0][key]) for key in fixed)
+    return parameters
+
+
+def unnested(columns: Mapping[str, ColumnElement[Any]], *, fixed: Collection[str] = ()) -> Select[Any]:
     """PostgreSQL: rows as a SELECT of one `unnest(array)` per key of `columns`, each array
     typed as the column its values are written to and labelled with its key, and given
     when the statement is executed as the parameter `rows_KEY`. The arrays are sent in
-    binary (`_configure_postgresql`). Their parameters are named: an anonymous one is
-    named by a regular expression as the statement is compiled, and SQLAlchemy compiles a
-    dialect's INSERT ... ON CONFLICT at every execution."""
+    binary (`_configure_postgresql`). A key in `fixed` has one value for every row, the
+    parameter `one_KEY`. The parameters are named: an anonymous one is named by a regular
+    expression as the statement is compiled."""
     return select(
-        *(func.unnest(bindparam(f"rows_{key}", type_=_array_of(column))).label(key) for key, column in columns.items())
+        *(
+            bindparam(f"one_{key}", type_=column.type).label(key)
+            if key in fixed
+            else func.unnest(bindparam(f"rows_{key}", type_=_array_of(column))).label(key)
+            for key, column in columns.items()
+        )
     )
 
 

@@ -327,8 +327,8 @@ class DrainQueries(Connector):
                     "b_log": [*(o.step.attempt_log or []), entry],
                 }
             )
-        executed = dialects.many_rows_params(self.dialect, _ENDING, params)
-        ended = await execute_many(conn, _ending(self.dialect), executed)
+        fixed, executed = dialects.many_rows_params(self.dialect, _ENDING, params)
+        ended = await execute_many(conn, _ending(self.dialect, fixed), executed)
         if ended.rowcount != len(params):  # pragma: no cover - the rows are locked since _held_steps
             raise ClaimLost(f"{len(params) - ended.rowcount} of {len(params)} steps changed hands while recording")
 
@@ -419,9 +419,9 @@ _NEXT_DUE = select(
 
 
 @cache
-def _ending(dialect: str) -> Update:
+def _ending(dialect: str, fixed: tuple[str, ...]) -> Update:
     """Steps ended, each with its own values (`_ENDING`, from `many_rows`)."""
-    c, ending = steps.c, dialects.many_rows(dialect, _ENDING)
+    c, ending = steps.c, dialects.many_rows(dialect, _ENDING, fixed)
     return (
         update(steps)
         .where(

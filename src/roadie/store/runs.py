@@ -376,8 +376,8 @@ class RunQueries(Connector):
             for chunk in chunks(rows):
                 await execute_many(conn, *dialects.insert_rows(self.dialect, steps, list(chunk), ignore=True))
             if updates:
-                executed = dialects.many_rows_params(self.dialect, _ADVANCING, updates)
-                await execute_many(conn, _advancing(self.dialect), executed)
+                fixed, executed = dialects.many_rows_params(self.dialect, _ADVANCING, updates)
+                await execute_many(conn, _advancing(self.dialect, fixed), executed)
             skip = [m.run.id for m in moves if m.skip_ready]
             if skip:
                 await skip_ready_steps(conn, skip, now, "run stopped")
@@ -487,10 +487,10 @@ _ADVANCING = {
 
 
 @cache
-def _advancing(dialect: str) -> Update:
+def _advancing(dialect: str, fixed: tuple[str, ...]) -> Update:
     """`advance_runs`' moves, each run with its own values (`_ADVANCING`, from `many_rows`):
     on PostgreSQL one statement for all of them, where an executemany sent one a run."""
-    c, moved = runs.c, dialects.many_rows(dialect, _ADVANCING)
+    c, moved = runs.c, dialects.many_rows(dialect, _ADVANCING, fixed)
     return (
         update(runs)
         .where(
