@@ -15,7 +15,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.sqlite import DATETIME
 
 from roadie.states import StepStatus
-from roadie.store.dialects import json_dumps, json_loads
+from roadie.store.json_text import json_dumps, json_loads
 from roadie.store.rows import AuditRow, from_row, from_rows
 from roadie.store.tables import UTCDateTime, audit, metadata
 

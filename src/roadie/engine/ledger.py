@@ -13,7 +13,8 @@ from typing import Any
 
 from roadie.registry import Answer, Registry
 from roadie.states import LEASE_KINDS, STEP_KIND
-from roadie.store import NewResource, dialects
+from roadie.store import NewResource
+from roadie.store.json_text import json_dumps
 
 MAX_KIND = 64
 MAX_REF = 190
@@ -73,7 +74,7 @@ def storable(value: Any) -> bool:
     value the database refuses would fail the whole batch being recorded: a ledger that
     throws (DESIGN §4 rule 5)."""
     try:
-        dialects.json_dumps(value, allow_nan=False)
+        json_dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return False
     return True
