@@ -118,6 +118,24 @@ def load_definition(text: str, source: str, registry: Registry | None = None) ->
     return definition
 
 
+def parse_with_lines(text: str, source: str) -> tuple[Any, Lines]:
+    """A YAML (or JSON) document and the line of each of its fields, for other files that
+    are checked as event files are (console definitions); raises DefinitionError when
+    the text cannot be parsed at all."""
+    try:
+        data, lines, problems = _parse(text, source)
+    except _Refused as refused:
+        raise DefinitionError([refused.problem]) from None
+    if problems:
+        raise DefinitionError(problems)
+    return data, lines
+
+
+def line_of(lines: Mapping[FieldPath, int], path: FieldPath) -> int | None:
+    """The line of the deepest part of `path` present in the file."""
+    return _line(lines, path)
+
+
 def _line(lines: Mapping[FieldPath, int], path: FieldPath) -> int | None:
     """The line of the deepest part of `path` present in the file."""
     for end in range(len(path), -1, -1):
