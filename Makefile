@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos lint bench clean chromium pgbouncer netns luanti constraints sdk
+.PHONY: demo test chaos lint bench clean chromium pgbouncer netns luanti consoles constraints sdk
 
 # The versions in constraints.txt are those the suite last passed with.
 $(STAMP): pyproject.toml constraints.txt
@@ -25,7 +25,7 @@ demo: $(STAMP)
 # Two test processes, a file each at a time (pytest-xdist): most of the suite waits on
 # servers, subprocesses and installs, and one process left a core idle most of the time.
 TEST_WORKERS ?= 2
-test: $(STAMP) chromium pgbouncer netns luanti
+test: $(STAMP) chromium pgbouncer netns luanti consoles
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The dashboard's browser test drives Debian's Chromium (Playwright downloads no browser).
@@ -64,6 +64,11 @@ $(PGBOUNCER_HOME)/bin/pgbouncer:
 # with Minetest Game from minetest-data), and its Lua SDK under Lua 5.1 and LuaJIT.
 luanti:
 	@{ [ -x /usr/games/minetestserver ] && [ -d /usr/share/games/minetest/games/minetest_game ] && command -v lua5.1 && command -v luajit; } >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq minetest-server minetest-data lua5.1 luajit; } || echo "minetest-server, lua5.1 or luajit missing: apt-get install -y minetest-server minetest-data lua5.1 luajit (as root) for tests/luanti"
+
+# Console worlds are tested against real servers reached only by their remote consoles:
+# OpenArena (ioquake3, rcon over UDP) and Teeworlds (econ over TCP), from Debian.
+consoles:
+	@{ [ -x /usr/lib/ioquake3/ioq3ded ] && [ -d /usr/lib/openarena-server/baseoa ] && [ -x /usr/games/teeworlds-server ]; } || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openarena-server teeworlds-server; } || echo "openarena-server or teeworlds-server missing: apt-get install -y openarena-server teeworlds-server (as root) for tests/consoles"
 
 # tests/chaos/test_network.py puts workers on hosts of their own (network namespaces, made
 # with iproute2) and cuts their links with nftables; it needs root, as CI has.

@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 
 from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
+from roadie.consoles import attach_console_modules
 from roadie.engine import Engine, EngineOptions
 from roadie.engine.notify import parse_webhooks
 from roadie.errors import ConfigError
@@ -100,6 +101,9 @@ async def open_context(
             log.warning("no database here yet: nothing has been stored in it", file=str(file))
     registry = build_registry(
         settings.modules, clock=clock, base_dir=settings.base_dir, open_states=not (read_only or stand_in)
+    )
+    attach_console_modules(
+        registry, settings.modules, base_dir=settings.base_dir, open_states=not (read_only or stand_in)
     )
     if stand_in:
         url = dialects.IN_MEMORY

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from roadie import protocol
-from roadie.cli.common import JsonOption, console, fail, line, require_web
+from roadie.cli.common import ConfigOption, JsonOption, console, exit_code, fail, line, require_web
 from roadie.conformance import RULE_NAMES, ConformanceOptions, Outcome, Report, run_conformance
 from roadie.conformance.transport import TransportFailed
+from roadie.errors import RoadieError
 
 _STYLE = {Outcome.PASS: ("pass", "green"), Outcome.FAIL: ("FAIL", "red"), Outcome.SKIP: ("skip", "yellow")}
 
@@ -36,9 +37,13 @@ def _pairs(values: list[str], flag: str, *, as_json: bool) -> dict[str, Any]:
 
 
 def conformance(
-    url: str = typer.Argument(..., help="The module server's URL (with --pull: where to serve the work queue)."),
-    secret: str = typer.Option(
-        ...,
+    url: str | None = typer.Argument(
+        None,
+        help="The module server's URL (with --pull: where to serve the work queue). Without it, --module "
+        "names a module of roadie.toml (a console world) to check in this process against its live world.",
+    ),
+    secret: str | None = typer.Option(
+        None,
         "--secret",
         envvar="ROADIE_CONFORMANCE_SECRET",
         help="The module's shared secret (env ROADIE_CONFORMANCE_SECRET).",
@@ -49,14 +54,31 @@ def conformance(
     value: list[str] = typer.Option([], "--value", help="LEASE=JSON: the value to borrow while testing a lease."),
     rule: list[str] = typer.Option([], "--rule", help=f"Only these rules ({', '.join(RULE_NAMES)})."),
     pull: bool = typer.Option(False, "--pull", help="Serve a work queue at URL and check the module that polls it."),
-    module: str | None = typer.Option(None, "--module", help="With --pull: the module's name."),
+    module: str | None = typer.Option(
+        None, "--module", help="With --pull: the module's name. Without a URL: the module of roadie.toml to check."
+    ),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for each answer."),
+    config: str | None = ConfigOption,
 ) -> None:
-    """Check a module server against the remote protocol: one row per rule, exit 1 on any failure.
+    """Check a module server against the remote protocol, or (no URL, --module NAME) a
+    module of roadie.toml against its live world: one row per rule, exit 1 on any failure.
 
     Everything the checks make is made under keys of their own and reverted by key at the
-    end, so a live world is left as it was.
+    end, so a live world is left as it was. In-process, an action that cannot be taken back
+    (a broadcast) runs only when --params gives its params.
     """
+    if url is None:
+        if module is None or pull:
+            raise typer.BadParameter("give a module server's URL, or --module NAME without --pull", param_hint="URL")
+        given = _pairs(params, "--params", as_json=True)
+        values, targets = _pairs(value, "--value", as_json=True), _pairs(target, "--target", as_json=False)
+        try:
+            report = asyncio.run(_check_configured(module, given, values, targets, config))
+        except RoadieError as exc:
+            fail([exc.message], code=exit_code(exc), kind="config", as_json=as_json)
+        _print(report, as_json)
+    if secret is None:
+        raise typer.BadParameter("a module server is checked with its secret", param_hint="--secret")
     if pull:
         require_web("conformance --pull")
     unknown = [r for r in rule if r not in RULE_NAMES]
@@ -75,11 +97,33 @@ def conformance(
         report = asyncio.run(run_conformance(url, secret, options=options))
     except TransportFailed as exc:  # --pull could not listen: the operator's to fix
         fail([str(exc)], code=2, kind="transport", as_json=as_json)
+    _print(report, as_json)
+
+
+def _print(report: Report, as_json: bool) -> NoReturn:
     if as_json:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
     else:
         print_report(report, console)
     raise typer.Exit(0 if report.ok else 1)
+
+
+async def _check_configured(
+    name: str, params: dict[str, Any], values: dict[str, Any], targets: dict[str, Any], config: str | None
+) -> Report:
+    """Load roadie.toml's modules (no database: nothing is stored) and check one."""
+    from roadie.config import load_settings
+    from roadie.conformance.inprocess import check_module
+    from roadie.consoles import attach_console_modules
+    from roadie.registry import build_registry
+
+    settings = load_settings(None, config)
+    registry = build_registry(settings.modules, base_dir=settings.base_dir)
+    try:
+        attach_console_modules(registry, settings.modules, base_dir=settings.base_dir)
+        return await check_module(registry, name, params=params, values=values, targets=targets)
+    finally:
+        await registry.close()
 
 
 def print_report(report: Report, console: Console) -> None:

@@ -169,6 +169,8 @@ def build_registry(
             continue
         if "url" in settings or "transport" in settings:
             continue  # a remote module: `roadie.remote.attach_remote_modules` adds it
+        if "console" in settings:
+            continue  # a console world: `roadie.consoles.attach_console_modules` adds it
         path = settings.pop("import", None) or found.get(name)
         if path is None and name == "core":
             path = "roadie.modules.core:module"

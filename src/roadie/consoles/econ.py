@@ -1,0 +1,110 @@
+"""Teeworlds' external console (`econ`) over TCP: the server asks for a password, then
+takes one command a line and prints whatever its console prints, its own log lines
+included, each `[time][system]: text` and each ended by a newline and NUL padding.
+
+Nothing marks the end of a command's output, so every command is followed by
+`echo MARKER` and the reply is what comes before the marker's line. One connection is
+kept and opened again after the server restarts; a connection that breaks after a
+command was written leaves that command's fate unknown (`ReplyLost`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import secrets
+
+from roadie.consoles.transport import (
+    Console,
+    ConsoleAuthFailed,
+    ConsoleUnreachable,
+    Quoting,
+    ReplyLost,
+    check_line,
+)
+
+_PREFIX = re.compile(r"^\[[^\]]*\]\[(?P<system>[^\]]*)\]: ?")
+_ECHO = re.compile(r"^cid=\d+ cmd=")  # the server's log of the command just received
+
+
+class TeeworldsEcon(Console):
+    """Teeworlds econ. Values are wrapped in double quotes; a quote, a backslash and
+    control characters are refused (the console's `;` scan and its tokenizer read `\\`
+    differently, so an escaped value could end a string for one and not the other)."""
+
+    name = "teeworlds"
+    quoting = Quoting(forbidden='"\\')
+    acknowledged = True
+
+    def __init__(self, host: str, port: int, password: str, *, timeout: float = 5.0) -> None:
+        super().__init__(host, port, password, timeout=timeout)
+        self._lock = asyncio.Lock()
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._markers = itertools.count(1)
+        self._session = secrets.token_hex(4)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._reader is not None and self._writer is not None and not self._writer.is_closing():
+            return self._reader, self._writer
+        try:
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                await _line_containing(reader, "password")
+                writer.write(self._password.encode() + b"\n")
+                await writer.drain()
+                answer = await _line_containing(reader, "")
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            raise ConsoleUnreachable(f"{self.host}:{self.port}: {type(exc).__name__} {exc}".strip()) from exc
+        if not answer.startswith("Authentication successful"):
+            writer.close()
+            raise ConsoleAuthFailed(f"{self.host}:{self.port}: {answer}")
+        self._reader, self._writer = reader, writer
+        return reader, writer
+
+    async def send(self, command: str) -> str:
+        line = check_line(command)
+        async with self._lock:
+            reader, writer = await self._connect()
+            marker = f"roadie-end-{self._session}-{next(self._markers)}"
+            try:
+                writer.write(f"{line}\necho {marker}\n".encode())
+                await writer.drain()
+                lines: list[str] = []
+                async with asyncio.timeout(self.timeout):
+                    while True:
+                        text = await _read_line(reader)
+                        match = _PREFIX.match(text)
+                        body = text[match.end() :] if match else text
+                        if body == marker:
+                            return "\n".join(lines)
+                        if match and match["system"] == "server" and _ECHO.match(body):
+                            continue
+                        lines.append(body)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                await self._drop()
+                raise ReplyLost(f"{self.host}:{self.port}: {type(exc).__name__} after the command was sent") from exc
+
+    async def _drop(self) -> None:
+        writer, self._reader, self._writer = self._writer, None, None
+        if writer is not None:
+            writer.close()
+
+    async def close(self) -> None:
+        await self._drop()
+
+
+async def _read_line(reader: asyncio.StreamReader) -> str:
+    while True:
+        raw = await reader.readuntil(b"\n")
+        text = raw.replace(b"\0", b"").decode("utf-8", "replace").strip()
+        if text:
+            return text
+
+
+async def _line_containing(reader: asyncio.StreamReader, word: str) -> str:
+    while True:
+        text = await _read_line(reader)
+        if word.lower() in text.lower():
+            return text
