@@ -177,7 +177,14 @@ class Teeworlds(Server):
             f"sv_port {self.port}", "sv_register 0", "sv_bindaddr 127.0.0.1", f"ec_port {self.econ_port}",
             f"ec_password {PASSWORD}", "ec_bindaddr 127.0.0.1", "sv_name roadie-test", "sv_motd welcome",
         ]  # fmt: skip
-        return [TEETWORLDS, "; ".join(settings)]
+        return [TEEWORLDS, "; ".join(settings)]
+
+    def start(self) -> None:
+        # Teeworlds binds its econ port without SO_REUSEADDR: after a SIGKILL the port is
+        # held by the dead server's connections until the kernel lets them go (up to a
+        # minute), and a server started before that runs with no econ at all.
+        wait_for("the econ port to be free", lambda: _bindable(self.econ_port), 120, every=0.5)
+        super().start()
 
     def ready(self) -> None:
         wait_for("Teeworlds' econ to answer", lambda: self.alive() or self.econ(["sv_name"], timeout=0.5), 60, 0.2)
@@ -212,6 +219,15 @@ class Teeworlds(Server):
         found = re.search(r"^Value: (.*)$", reply, re.MULTILINE)
         assert found, reply
         return found.group(1)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class LossyProxy:

@@ -1,0 +1,140 @@
+"""Teeworlds 0.7, a real server reached only by its external console (econ, TCP), as a
+Roadie world described by the shipped definition (integrations/teeworlds/teeworlds.yaml):
+settings borrowed and given back exactly, the console found again after the server is
+killed and restarted, and no event parameter able to send a second command."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.consoles.servers import TEEWORLDS, Project, Teeworlds, require, wait_for
+
+DEFINITION = "integrations/teeworlds/teeworlds.yaml"
+
+EVENT = """
+id: frenzy
+title: Score frenzy
+cleanup: {cleanup}
+phases:
+  - name: setup
+    steps:
+      - {{action: core.lease, with: {{lease: tee.motd, value: "Frenzy weekend; first to 5 wins"}}}}
+      - {{action: core.lease, with: {{lease: tee.scorelimit, value: 5}}}}
+      - {{action: tee.broadcast, with: {{message: "Frenzy! First to 5 wins"}}}}
+  - name: later
+    after: {after}
+    steps:
+      - action: core.lease
+        with: {{lease: tee.timelimit, value: 3}}
+        retry: {{attempts: 100, backoff: 0.5, max_backoff: 2}}
+"""
+
+
+@pytest.fixture
+def tee(tmp_path: Path) -> Iterator[Teeworlds]:
+    require(TEEWORLDS, "teeworlds-server")
+    server = Teeworlds(tmp_path / "teeworlds")
+    try:
+        server.start()
+        yield server
+    except BaseException:
+        print("--- teeworlds log ---\n" + server.log_tail())
+        raise
+    finally:
+        server.stop()
+
+
+def _world(tee: Teeworlds) -> dict[str, str]:
+    return {name: tee.setting(name) for name in ("sv_motd", "sv_scorelimit", "sv_timelimit", "sv_name")}
+
+
+def test_settings_are_borrowed_over_econ_and_cleanup_gives_each_back_exactly(tee: Teeworlds, tmp_path: Path) -> None:
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    before = _world(tee)
+    assert before["sv_motd"] == "welcome"
+    (project.home / "frenzy.yaml").write_text(EVENT.format(cleanup="manual", after="0s"))
+
+    run_id = project.json("run", "start", "frenzy.yaml", "--wait")["id"]
+    assert project.show(run_id)["run"]["status"] == "succeeded"
+    during = _world(tee)
+    # The `;` inside the value is part of the message, not a second command.
+    assert during["sv_motd"] == "Frenzy weekend; first to 5 wins"
+    assert (during["sv_scorelimit"], during["sv_timelimit"], during["sv_name"]) == ("5", "3", before["sv_name"])
+
+    report = project.json("cleanup", str(run_id))
+    assert (report["status"], report["verdict"], report["restored"]) == ("complete", "verified_clean", 3), report
+    assert _world(tee) == before
+
+
+def test_a_teeworlds_server_killed_mid_event_is_reached_again_and_cleanup_ends_exact(
+    tee: Teeworlds, tmp_path: Path
+) -> None:
+    """Teeworlds keeps its settings in memory: a SIGKILL loses the borrowed ones, and the
+    restarted server reads its command line again (and has no econ until the kernel frees
+    the dead server's port). The console's connection is opened again; the later phase is
+    retried until it can be; cleanup writes only what is not back already."""
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    before = _world(tee)
+    (project.home / "frenzy.yaml").write_text(EVENT.format(cleanup="auto", after="4s"))
+    applied = project.run("event", "apply", "frenzy.yaml")
+    assert applied.returncode == 0, applied.stderr
+    run_id = project.json("run", "start", "frenzy")["id"]
+    project.start_worker()
+    try:
+        wait_for("the setup phase", lambda: tee.setting("sv_scorelimit") == "5", 60, every=0.3)
+        tee.kill()
+        tee.start()
+        assert _world(tee) == before
+        wait_for(
+            "the run to end and be cleaned up",
+            lambda: project.show(run_id)["run"]["cleanup_status"] in ("complete", "incomplete"),
+            240,
+            every=0.5,
+        )
+    finally:
+        project.stop_worker()
+    shown = project.show(run_id)
+    assert (shown["run"]["status"], shown["run"]["cleanup_status"]) == ("succeeded", "complete"), shown
+    assert _world(tee) == before
+
+
+def test_no_event_parameter_can_send_teeworlds_a_second_command(tee: Teeworlds, tmp_path: Path) -> None:
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    before = _world(tee)
+    for value in ['x"; sv_name pwned; "', "x\nsv_name pwned", 'x\\"; sv_name pwned #']:
+        (project.home / "bad.yaml").write_text(
+            "id: bad\ntitle: bad\nphases:\n  - name: one\n    steps:\n"
+            f"      - {{action: core.lease, with: {{lease: tee.motd, value: {json.dumps(value)}}}}}\n"
+            f"      - {{action: tee.say, with: {{message: {json.dumps(value)}}}}}\n"
+        )
+        done = project.run("event", "validate", "bad.yaml")
+        assert done.returncode != 0, (value, done.stdout)
+        said = done.stdout + done.stderr
+        assert "with.value" in said, said
+        assert "with.message" in said, said
+    assert _world(tee) == before
+
+
+def test_conformance_checks_the_teeworlds_module_against_the_live_server(tee: Teeworlds, tmp_path: Path) -> None:
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    before = _world(tee)
+    report = project.json("conformance", "--module", "tee", "--params", 'say={"message": "conformance"}')
+    assert report["ok"], report
+    outcomes = {r["rule"]: r["outcome"] for r in report["results"]}
+    assert all(outcomes[f"lease tee.{n}"] == "pass" for n in ("motd", "name", "scorelimit", "timelimit"))
+    assert outcomes["action tee.say"] == "pass"
+    assert outcomes["action tee.broadcast"] == "skip"
+    assert _world(tee) == before
+
+
+def test_a_wrong_econ_password_is_one_line_that_says_so(tee: Teeworlds, tmp_path: Path) -> None:
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    project.env["ROADIE_CONSOLE_TEE"] = "not-the-password"
+    report = project.json("conformance", "--module", "tee", exit_code=1)
+    details = [r["detail"] for r in report["results"] if r["outcome"] == "fail"]
+    assert details, report
+    assert all("Wrong password" in d for d in details), details
