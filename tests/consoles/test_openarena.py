@@ -15,6 +15,7 @@ import pytest
 from tests.consoles.servers import OPENARENA, LossyProxy, OpenArena, Project, require, wait_for
 
 DEFINITION = "integrations/openarena/openarena.yaml"
+pytestmark = pytest.mark.timeout(400)
 
 INVASION = """
 id: moon_invasion

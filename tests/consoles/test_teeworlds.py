@@ -14,6 +14,7 @@ import pytest
 from tests.consoles.servers import TEEWORLDS, Project, Teeworlds, require, wait_for
 
 DEFINITION = "integrations/teeworlds/teeworlds.yaml"
+pytestmark = pytest.mark.timeout(400)
 
 EVENT = """
 id: frenzy

@@ -126,6 +126,7 @@ class ConsoleDef(_Strict):
 ACTION_NAMES = frozenset({"key", "ref", "index", "run_id"})
 LEASE_NAMES = frozenset({"value", "target"})
 _env = SandboxedEnvironment()
+_env.filters["word"] = str  # the console module's: a value sent bare, as one word
 
 
 def load_console_file(path: str | os.PathLike[str]) -> ConsoleDef:

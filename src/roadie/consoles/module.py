@@ -72,6 +72,7 @@ class _Commands(SandboxedEnvironment):
     def __init__(self, console: Console) -> None:
         super().__init__(undefined=StrictUndefined, autoescape=False, finalize=self._value)
         self.console = console
+        self.filters["word"] = word
 
     def _value(self, value: Any) -> str:
         if isinstance(value, Bare):
@@ -79,10 +80,19 @@ class _Commands(SandboxedEnvironment):
                 raise UnsafeValue(f"{value!r} is not one word")
             return str(value)
         if isinstance(value, bool):
-            return "1" if value else "0"
+            return self.console.quoting.true if value else self.console.quoting.false
         if isinstance(value, int | float):
             return format_number(value)
         return self.console.quoting.quote(str(value))
+
+
+def word(value: Any) -> Bare:
+    """`{{ entity | word }}`: a value sent bare, as one word (an identifier, a selector),
+    refused unless it is one."""
+    text = str(value)
+    if not WORD.match(text):
+        raise UnsafeValue(f"{text!r} is not one word (letters, digits and _.:+@#=-)")
+    return Bare(text)
 
 
 def format_number(value: float) -> str:

@@ -54,7 +54,7 @@ class SourceRcon(Console):
     in Source engine consoles) and control characters are refused."""
 
     name = "source"
-    quoting = Quoting(forbidden='";\\')
+    quoting = Quoting(forbidden='";\\', true="true", false="false")
     acknowledged = True
 
     def __init__(self, host: str, port: int, password: str, *, timeout: float = 5.0, marker: str = "") -> None:

@@ -53,6 +53,8 @@ class Quoting:
 
     forbidden: str
     wrap: bool = True
+    true: str = "1"
+    false: str = "0"
 
     def quote(self, value: str) -> str:
         for char in value:
