@@ -85,6 +85,15 @@ def test_an_invasion_is_set_up_over_rcon_and_cleanup_puts_the_server_back_exactl
     assert (report["reverted"], report["restored"], report["failed"]) == (5, 2, 0)
     assert arena.world() == before
 
+    # A bot carrying the ended run's key that no ledger row names (what an answer lost for
+    # good would leave) is found by its tag and taken down by the orphan sweep.
+    stray = f"{sorted(keys)[-1]}.7"
+    arena.rcon(f"addbot sarge 1 free 0 {stray}")
+    wait_for("the stray bot", lambda: arena.bots() == [stray], 30, every=0.5)
+    swept = {s["module"]: s for s in project.json("sweep")}
+    assert (swept["arena"]["orphans"], swept["arena"]["reverted"]) == (1, 1), swept
+    assert arena.world() == before
+
 
 def test_a_server_killed_mid_event_forgets_its_bots_and_settings_and_cleanup_still_ends_exact(
     arena: OpenArena, tmp_path: Path
