@@ -20,7 +20,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src"
-LOADED = "import sys, roadie.plugin; print('\\n'.join(sorted(m for m in sys.modules if m.split('.')[0] == 'roadie')))"
+# `import roadie` loads its public names when first used: they are asked for here, as a
+# module's author does (`roadie.Module`), so that what they need is in the wheel too.
+LOADED = (
+    "import sys, roadie, roadie.plugin; [getattr(roadie, name) for name in roadie.__all__]; "
+    "print('\\n'.join(sorted(m for m in sys.modules if m.split('.')[0] == 'roadie')))"
+)
 
 
 def sdk_files() -> list[Path]:

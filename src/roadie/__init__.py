@@ -5,7 +5,11 @@ The public API: write a module with `Module`, load events with `load_definition`
 them with `Engine` on a `Store`.
 """
 
-from roadie.clock import Clock, FakeClock, SystemClock
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from roadie.errors import (
     AnswerLost,
     DefinitionError,
@@ -14,21 +18,60 @@ from roadie.errors import (
     RoadieError,
     StepError,
 )
-from roadie.registry import (
-    Answer,
-    Call,
-    LeaseCall,
-    Module,
-    ModuleConfig,
-    Registry,
-    Resource,
-    RevertCall,
-    RevertFailure,
-    build_registry,
-)
 from roadie.states import CleanupStatus, Reversible, RunStatus, StepStatus
 
+if TYPE_CHECKING:
+    from roadie.clock import Clock, FakeClock, SystemClock
+    from roadie.registry import (
+        Answer,
+        Call,
+        LeaseCall,
+        Module,
+        ModuleConfig,
+        Registry,
+        Resource,
+        RevertCall,
+        RevertFailure,
+        build_registry,
+    )
+
 __version__ = "0.1.0"
+
+# The names from modules with libraries behind them (asyncio, pydantic, structlog) are
+# imported when first used, not by `import roadie`: every `roadie.x` imports this package
+# first, and the command line's `--help` should not pay a fifth of a second for them.
+_LAZY = {
+    **dict.fromkeys(("Clock", "FakeClock", "SystemClock"), "roadie.clock"),
+    **dict.fromkeys(
+        (
+            "Answer",
+            "Call",
+            "LeaseCall",
+            "Module",
+            "ModuleConfig",
+            "Registry",
+            "Resource",
+            "RevertCall",
+            "RevertFailure",
+            "build_registry",
+        ),
+        "roadie.registry",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'roadie' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "Answer",
