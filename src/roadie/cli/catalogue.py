@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
 from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, in_context, print_json
-from roadie.definitions.catalogue import ModuleEntry, catalogue
-from roadie.runtime import Context
+
+if TYPE_CHECKING:
+    from roadie.definitions.catalogue import ModuleEntry
+    from roadie.runtime import Context
 
 
 def actions(
@@ -14,6 +18,7 @@ def actions(
 ) -> None:
     """The actions and leases of every loaded module: parameters, reversible class, and
     a step that calls each (--json: with their JSON Schemas)."""
+    from roadie.definitions.catalogue import catalogue
 
     async def work(ctx: Context) -> list[ModuleEntry]:
         return catalogue(ctx.registry)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from roadie import views
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -22,11 +21,11 @@ from roadie.cli.common import (
     print_json,
     styled,
 )
-from roadie.engine.cleanup import PreviewGroup
-from roadie.engine.verify import LISTED
-from roadie.runtime import Context
 from roadie.states import CleanupStatus
-from roadie.views import shown, shown_all
+
+if TYPE_CHECKING:
+    from roadie.engine.cleanup import PreviewGroup
+    from roadie.runtime import Context
 
 
 def cleanup(
@@ -63,8 +62,13 @@ def cleanup(
     if plan:
         preview, calls = result
         if as_json:
+            from roadie import views
+
             print_json(
-                {"summary": shown_all(views.PreviewGroup, preview), "calls": shown_all(views.PlannedCall, calls)}
+                {
+                    "summary": views.shown_all(views.PreviewGroup, preview),
+                    "calls": views.shown_all(views.PlannedCall, calls),
+                }
             )
             return
         if not calls:
@@ -93,7 +97,9 @@ def cleanup(
             console.print(f"… and {len(calls) - PLAN_CALLS} more calls (--json lists them all)")
         return
     if as_json:
-        print_json(shown(views.CleanupReport, result.as_dict()))
+        from roadie import views
+
+        print_json(views.shown(views.CleanupReport, result.as_dict()))
     else:
         console.print(
             line(
@@ -161,6 +167,8 @@ def verdict_lines(found: dict[str, Any]) -> list[Text]:
         if found.get(k)
     ]
     head = f": {found['inspected']} read back, {found['gone']} gone" + "".join(f", {c}" for c in counts)
+    from roadie.engine.verify import LISTED
+
     lines = [line("verdict ", (verdict.replace("_", " "), VERDICT_STYLE.get(verdict, "")), head)]
     if verdict == "partially_rolled_back" and (found.get("came_back") or found.get("still_there")):
         lines.append(line("  what came back was reverted again; the next cleanup round reads it back"))
@@ -232,13 +240,14 @@ def leases(
     as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
 ) -> None:
     """Leases in force across the world: which run holds which target, until when."""
+    from roadie import views
 
     async def work(ctx: Context) -> list[Any]:
         return await ctx.store.leases_in_force()
 
     found = [views.Lease.of(r) for r in in_context(database_url, config, work, as_json=as_json, looks=True)]
     if as_json:
-        print_json(shown_all(views.Lease, found))
+        print_json(views.shown_all(views.Lease, found))
         return
     table = Table("target", "run", "state", "saved value", "layer", "until")
     for lease in found:
@@ -265,7 +274,9 @@ def audit(
 
     rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json(shown_all(views.AuditEntry, rows))
+        from roadie import views
+
+        print_json(views.shown_all(views.AuditEntry, rows))
         return
     table = Table("at", "actor", "action", "subject", "detail")
     for r in rows:

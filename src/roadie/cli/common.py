@@ -1,12 +1,16 @@
 """What the commands share: the consoles, the common options, a context to work in, and
 how states, errors and JSON are printed.
 
+This module and the command modules import no more than Typer and Rich when loaded:
+`roadie --help`, `--version`, completion and a mistyped option open no database, so a
+command imports the runtime (the engine, the store, SQLAlchemy), the web stack and the
+remote client inside its function, and only what it uses.
+
 The consoles never read markup: what they print is data (a world's error message, a
 param value, an event's title) and `[/]` in it is text. Styling is given as `Text`."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import os
@@ -14,14 +18,16 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from roadie.errors import ConfigError, DefinitionError, NotFound, RegistryError, RoadieError, StoreError
-from roadie.runtime import Context, open_context
+
+if TYPE_CHECKING:
+    from roadie.runtime import Context
 
 T = TypeVar("T")
 
@@ -125,6 +131,9 @@ def in_context(
 ) -> T:
     """Open the context, run `work`, and turn Roadie's errors into a message and an exit
     code by their kind (`EXIT_CODES`)."""
+    import asyncio
+
+    from roadie.runtime import open_context
 
     async def go() -> T:
         async with open_context(database_url, config, **kw) as ctx:

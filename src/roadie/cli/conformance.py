@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from roadie import protocol
 from roadie.cli.common import ConfigOption, JsonOption, console, exit_code, fail, line, require_web
-from roadie.conformance import RULE_NAMES, ConformanceOptions, Outcome, Report, run_conformance
-from roadie.conformance.transport import TransportFailed
 from roadie.errors import RoadieError
 
-_STYLE = {Outcome.PASS: ("pass", "green"), Outcome.FAIL: ("FAIL", "red"), Outcome.SKIP: ("skip", "yellow")}
+if TYPE_CHECKING:
+    from roadie.conformance import Report
+
+# By outcome (`Outcome`, a string enum: its values are these keys).
+_STYLE = {"pass": ("pass", "green"), "fail": ("FAIL", "red"), "skip": ("skip", "yellow")}
+
+# The rules, in the order they run, for --rule's help: named here so that the help is
+# printed without loading the checks and their libraries (httpx, jsonschema);
+# tests/unit/test_cli_imports.py holds them to `roadie.conformance.RULE_NAMES`.
+RULE_NAMES = (
+    "manifest",
+    "same_key",
+    "inspect",
+    "tagged",
+    "revert_by_key",
+    "foreign_tag",
+    "revert_missing",
+    "signature",
+    "malformed",
+    "lease_restore",
+    "lease_late_apply",
+    "lease_layers",
+    "cleanup",
+)
 
 
 def _pairs(values: list[str], flag: str, *, as_json: bool) -> dict[str, Any]:
@@ -67,6 +86,11 @@ def conformance(
     end, so a live world is left as it was. In-process, an action that cannot be taken back
     (a broadcast) runs only when --params gives its params.
     """
+    import asyncio
+
+    from roadie.conformance import ConformanceOptions, run_conformance
+    from roadie.conformance.transport import TransportFailed
+
     if url is None:
         if module is None or pull:
             raise typer.BadParameter("give a module server's URL, or --module NAME without --pull", param_hint="URL")
@@ -145,4 +169,6 @@ def secret() -> None:
     """Print a new secret for a remote module: `whsec_` and 32 random bytes in base64
     (Standard Webhooks' form). Give it to the engine (roadie.toml or ROADIE_SECRET_<NAME>)
     and to the module; while rotating, both hold the new one and the old one, space-separated."""
+    from roadie import protocol
+
     sys.stdout.write(protocol.new_secret() + "\n")

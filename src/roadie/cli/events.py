@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from roadie import views
 from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, group, in_context, print_json
-from roadie.definitions import load_file
-from roadie.runtime import Context
-from roadie.views import shown_all
+
+if TYPE_CHECKING:
+    from roadie.runtime import Context
 
 event_app = group("Event definitions: validate, apply, list.")
 
@@ -25,6 +24,7 @@ def event_validate(
     config: str | None = ConfigOption,
 ) -> None:
     """Check an event file against the loaded modules, without storing it."""
+    from roadie.definitions import load_file
 
     async def work(ctx: Context) -> str:
         definition = load_file(file, ctx.registry)
@@ -51,6 +51,8 @@ def event_apply(
 
 
 async def apply_event(ctx: Context, file: Path) -> Any:
+    from roadie.definitions import load_file
+
     definition = load_file(file, ctx.registry)
     return await ctx.store.create_event_version(
         definition.id,
@@ -73,7 +75,9 @@ def event_list(
 
     rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json(shown_all(views.Event, rows))
+        from roadie import views
+
+        print_json(views.shown_all(views.Event, rows))
         return
     table = Table("event", "version", "title", "phases", "schedule")
     for r in rows:

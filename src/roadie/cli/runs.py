@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -11,12 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from roadie import views
 from roadie.cli.cleanup import late_lines, preview_table, verdict_lines
 from roadie.cli.common import (
     ConfigOption,
@@ -34,13 +32,14 @@ from roadie.cli.common import (
     styled,
 )
 from roadie.cli.events import apply_event
-from roadie.cli.progress import RunProgress
-from roadie.engine import settled
-from roadie.engine.cleanup import PreviewGroup
-from roadie.runtime import Context, freeze_heap
 from roadie.states import RunStatus
-from roadie.store.rows import RunRow
-from roadie.views import shown, shown_all
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from roadie.engine.cleanup import PreviewGroup
+    from roadie.runtime import Context
+    from roadie.store.rows import RunRow
 
 run_app = group("Runs: start, list, show, cancel.")
 
@@ -70,6 +69,11 @@ def run_start(
     config: str | None = ConfigOption,
 ) -> None:
     """Start a run of an event. Without --wait a `roadie worker` carries it out."""
+    from roadie import views
+    from roadie.cli.progress import RunProgress
+    from roadie.engine import settled
+    from roadie.runtime import freeze_heap
+
     params = _parse_params(param)
     left: Left | None = None
 
@@ -96,7 +100,7 @@ def run_start(
     if left is not None:
         run = _hand_over(left, as_json=as_json, database_url=database_url, config=config)
     if as_json:
-        print_json(shown(views.Run, run))
+        print_json(views.shown(views.Run, run))
     else:
         console.print(
             line(f"run {run.id} of {run.event_id!r}: ", styled(run.status), ", cleanup ", styled(run.cleanup_status))
@@ -119,6 +123,8 @@ class Left:
 def _interruptible(ctx: Context, run_id: int) -> Iterator[asyncio.Event]:
     """The first Ctrl-C stops working the run once what is in flight has answered (nothing
     is left half-recorded); a second one quits at once."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     interrupted = asyncio.Event()
 
@@ -189,7 +195,9 @@ def run_list(
 
     runs = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json(shown_all(views.Run, runs))
+        from roadie import views
+
+        print_json(views.shown_all(views.Run, runs))
         return
     table = Table("run", "event", "status", "cleanup", "phase", "created", "error")
     for r in runs:
@@ -222,11 +230,13 @@ def run_show(
 
     run, steps, resources, left = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
+        from roadie import views
+
         print_json(
             {
-                "run": shown(views.Run, run),
-                "steps": shown_all(views.Step, steps),
-                "resources": shown_all(views.Resource, resources),
+                "run": views.shown(views.Run, run),
+                "steps": views.shown_all(views.Step, steps),
+                "resources": views.shown_all(views.Resource, resources),
                 "left_in_world": [asdict(g) for g in left],
             }
         )

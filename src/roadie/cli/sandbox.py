@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -10,7 +10,9 @@ from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console,
 from roadie.cli.sandbox_serve import SecretOption, fetch_world
 from roadie.cli.sandbox_serve import serve as sandbox_serve
 from roadie.errors import RoadieError
-from roadie.runtime import Context
+
+if TYPE_CHECKING:
+    from roadie.runtime import Context
 
 sandbox_app = group("The embedded sandbox world.")
 

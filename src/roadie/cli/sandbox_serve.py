@@ -4,7 +4,6 @@ reads."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -57,6 +56,8 @@ def serve(
 ) -> None:
     """Serve the sandbox world over the remote protocol (push), or poll an engine (--pull)."""
     require_web("sandbox serve")
+    import asyncio
+
     from roadie.durations import parse_duration
     from roadie.modules.sandbox import module
     from roadie.plugin import Faults
@@ -83,6 +84,8 @@ def serve(
 
 
 async def _listen(module: Any, host: str, port: int, common: dict[str, Any]) -> None:
+    import asyncio
+
     import uvicorn
 
     from roadie.plugin import ModuleServer
@@ -105,6 +108,8 @@ async def _listen(module: Any, host: str, port: int, common: dict[str, Any]) -> 
 
 
 async def _pull(module: Any, engine_url: str, common: dict[str, Any]) -> None:
+    import asyncio
+
     from roadie.errors import RoadieError
     from roadie.plugin import PullClient
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from roadie import views
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -23,8 +22,9 @@ from roadie.cli.common import (
     print_json,
     require_web,
 )
-from roadie.runtime import Context, freeze_heap
-from roadie.views import shown_all
+
+if TYPE_CHECKING:
+    from roadie.runtime import Context
 
 token_app = group("API tokens of `roadie serve`: create, list, revoke.")
 
@@ -52,6 +52,7 @@ def serve(
     import uvicorn
 
     from roadie.remote import gateway
+    from roadie.runtime import freeze_heap
     from roadie.web import WebOptions, create_app
 
     options = WebOptions(database_url=database_url, config=config, worker=not no_worker, concurrency=concurrency)
@@ -126,7 +127,9 @@ def token_list(
 
     rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json(shown_all(views.Token, rows))
+        from roadie import views
+
+        print_json(views.shown_all(views.Token, rows))
         return
     table = Table("id", "name", "role", "key", "created", "by", "revoked")
     for r in rows:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import typer
 from rich.table import Table
 from rich.text import Text
@@ -23,7 +22,9 @@ from roadie.cli.common import (
     print_json,
     styled,
 )
-from roadie.runtime import Context
+
+if TYPE_CHECKING:
+    from roadie.runtime import Context
 
 webhooks_app = group("Notifications sent to the webhooks of roadie.toml ([[webhooks]]).")
 
@@ -70,6 +71,7 @@ def send_test(
     config: str | None = ConfigOption,
 ) -> None:
     """Send the webhook a message saying Roadie can reach it, and print its answer."""
+    import httpx
 
     async def work(ctx: Context) -> tuple[int, str] | str:
         notifier = ctx.engine.notifier

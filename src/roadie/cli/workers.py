@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from roadie import views
 from roadie.cli.common import (
     ConfigOption,
     DatabaseOption,
@@ -21,13 +19,14 @@ from roadie.cli.common import (
     require_web,
     styled,
 )
-from roadie.runtime import Context, freeze_heap
-from roadie.store.dialects import redacted
-from roadie.views import shown_all
+
+if TYPE_CHECKING:
+    from roadie.runtime import Context
 
 
 def init(database_url: str | None = DatabaseOption, config: str | None = ConfigOption) -> None:
     """Create or upgrade the database schema (migrations are also applied on every start)."""
+    from roadie.store.dialects import redacted
 
     async def work(ctx: Context) -> str:
         return ctx.settings.database_url
@@ -58,11 +57,14 @@ def worker(
     SIGTERM or Ctrl-C stops it gracefully: it claims nothing more, lets in-flight steps
     answer (each within its timeout), gives back what it still holds, and exits 0.
     """
+    from roadie.runtime import freeze_heap
+    from roadie.store.dialects import redacted
 
     async def work(ctx: Context) -> None:
-        loop = asyncio.get_running_loop()
+        import asyncio
         import signal
 
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, ctx.engine.stop)
         options = ctx.engine.options
@@ -95,9 +97,13 @@ def gateway(
     the moment a module posts them back. SIGTERM or Ctrl-C stops both gracefully.
     """
     require_web("gateway")
+    import asyncio
+
     import uvicorn
 
     from roadie.remote import gateway
+    from roadie.runtime import freeze_heap
+    from roadie.store.dialects import redacted
 
     sock = listening(host, port)
 
@@ -139,7 +145,9 @@ def workers_list(
 
     now, rows = in_context(database_url, config, work, as_json=as_json, looks=True)
     if as_json:
-        print_json(shown_all(views.Worker, rows))
+        from roadie import views
+
+        print_json(views.shown_all(views.Worker, rows))
         return
     table = Table("worker", "state", "host", "pid", "last heartbeat", "steps", "cleanups", "concurrency", "started")
     for r in rows:
