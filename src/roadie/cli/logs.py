@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import sys
 
-import structlog
-
 
 def configure_logging(level: str = "warning", *, json: bool = False) -> None:
+    import structlog  # here: `roadie --help` loads this module, and logs nothing
+
     processors: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

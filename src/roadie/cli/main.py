@@ -6,8 +6,11 @@ them, in the order `roadie --help` lists them.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 import typer
 
@@ -54,7 +57,34 @@ def main(
         False, "--version", callback=_version, is_eager=True, help="Print Roadie's version and exit."
     ),
 ) -> None:
-    configure_logging(log_level, json=log_json)
+    _logging.update(level=log_level, json=log_json)
+
+
+# What --log-level and --log-json asked for: the callback above keeps it, and the command
+# sets logging up as it starts (`_logged`).
+_logging: dict[str, Any] = {"level": "warning", "json": False}
+
+
+def _logged(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`command`, setting logging up first. The callback runs for `roadie run --help` too,
+    before the command's options are read; setting logging up there would load its library
+    (structlog, most of a tenth of a second) to print a help text."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        configure_logging(_logging["level"], json=_logging["json"])
+        return command(*args, **kwargs)
+
+    return run
+
+
+def _log_every_command(group: typer.Typer) -> None:
+    for command in group.registered_commands:
+        if command.callback is not None:
+            command.callback = _logged(command.callback)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _log_every_command(sub.typer_instance)
 
 
 app.command()(init)
@@ -71,6 +101,7 @@ app.command()(demo)
 app.add_typer(token_app, name="token")
 app.add_typer(webhooks_app, name="webhooks")
 app.command()(serve)
+_log_every_command(app)
 
 
 if __name__ == "__main__":  # pragma: no cover
