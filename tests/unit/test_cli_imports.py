@@ -1,0 +1,113 @@
+"""The command line starts at once: what opens no database (`--help`, `--version`, shell
+completion, a mistyped option) loads none of the engine, the store, their libraries, the
+web stack or the remote client. Each case runs in a fresh interpreter, whose
+`sys.modules` is then read; none is timed (benchmarks/cli_startup.py times them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roadie.cli import conformance as cli_conformance
+from roadie.conformance import RULE_NAMES
+
+# Runs the app as the `roadie` script does, then writes the names of the loaded modules
+# to the file named by its first argument.
+SCRIPT = """
+import json, sys
+from roadie.cli.main import app
+try:
+    app(sys.argv[2:], prog_name="roadie")
+except SystemExit:
+    pass
+with open(sys.argv[1], "w") as out:
+    json.dump(sorted(sys.modules), out)
+"""
+
+# Packages, and the modules under them, that none of these cases may load.
+HEAVY = (
+    "roadie.engine",
+    "roadie.store",
+    "roadie.runtime",
+    "roadie.registry",
+    "roadie.remote",
+    "roadie.definitions",
+    "roadie.conformance",
+    "roadie.web",
+    "roadie.views",
+    "sqlalchemy",
+    "alembic",
+    "aiosqlite",
+    "psycopg",
+    "asyncmy",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "jinja2",
+    "httpx",
+    "yaml",
+    "jsonschema",
+    "structlog",
+    "asyncio",
+)
+
+
+def loaded(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """The heavy modules loaded by `roadie ARGS` in a fresh interpreter, and what it printed."""
+    out = tmp_path / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(out), *args],
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    modules = json.loads(out.read_text())
+    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        [],
+        ["run", "--help"],
+        ["run", "list", "--help"],
+        ["event", "validate", "--help"],
+        ["conformance", "--help"],
+        ["serve", "--help"],
+        ["sandbox", "serve", "--help"],
+        ["run", "list", "--no-such-option"],
+        ["run", "show", "not-a-number"],
+        ["no-such-command"],
+    ],
+    ids=" ".join,
+)
+def test_help_version_and_mistakes_load_nothing_heavy(args: list[str], tmp_path: Path) -> None:
+    """Help, the version and a command line Click refuses load no engine, store, web stack,
+    remote client, nor their libraries."""
+    heavy, printed = loaded(args, tmp_path)
+    assert heavy == []
+    assert "roadie" in printed
+
+
+def test_completion_loads_nothing_heavy(tmp_path: Path) -> None:
+    """Completing a command's options loads nothing heavy either."""
+    completion = {"_ROADIE_COMPLETE": "complete_bash", "COMP_WORDS": "roadie run list --st", "COMP_CWORD": "3"}
+    heavy, printed = loaded([], tmp_path, completion)
+    assert heavy == []
+    assert printed.split() == ["--status"]
+
+
+def test_the_rule_names_in_the_help_are_the_checks() -> None:
+    """`roadie conformance --rule` names the rules without loading the checks: the names it
+    holds are those of the checks, in their order."""
+    assert list(cli_conformance.RULE_NAMES) == RULE_NAMES
