@@ -110,6 +110,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/cleanup_scaling.py --postgresql postgresql://postgres@127.0.0.1:5432/test --write docs/benchmarks.md
 	$(BIN)/python benchmarks/commit_limit.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/web_latency.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/cli_startup.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/remote.py --write docs/benchmarks.md
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[bench]' && $(BIN)/python benchmarks/dbos_compare.py --write docs/benchmarks.md
 
