@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -114,7 +116,8 @@ def test_a_migration_lock_held_too_long_is_one_line_naming_its_holder(
     url = database.fresh(tmp_path)
     monkeypatch.setattr(migrate, "MIGRATION_LOCK_WAIT", 1.5)
     monkeypatch.setattr(migrate, "MIGRATION_LOCK_WAIT_QUIETLY", 0.5)  # then it says it waits
-    asyncio.run(_close(Store.open(url)))  # the schema is there: a later open still takes the lock
+    # The schema is not there yet: the open takes the lock to make it (one that finds the
+    # schema at the newest migration has nothing to make, and opens without it).
 
     async def held_while_opening() -> tuple[int, str]:
         holder = dialects.create_engine(url, isolation_level="AUTOCOMMIT")
@@ -191,7 +194,7 @@ def test_a_connection_dropped_during_the_migrations_is_made_again(
     if database.backend == "sqlite":
         pytest.skip("a file has no connection to drop")
     url = database.fresh(tmp_path)
-    real = migrate.command.upgrade
+    real = command.upgrade
     dropped: list[int] = []
 
     def drop_own_connection_once(config: Any, revision: str) -> None:
@@ -203,8 +206,15 @@ def test_a_connection_dropped_during_the_migrations_is_made_again(
             connection.exec_driver_sql(end.format(dropped[0]))
         real(config, revision)
 
-    monkeypatch.setattr(migrate.command, "upgrade", drop_own_connection_once)
+    monkeypatch.setattr(command, "upgrade", drop_own_connection_once)
     asyncio.run(_close(Store.open(url)))
     assert dropped, "the migration never ran"
-    monkeypatch.setattr(migrate.command, "upgrade", real)
+    monkeypatch.setattr(command, "upgrade", real)
+    monkeypatch.setattr(migrate, "at_head", lambda connection: False)  # as an open with a migration to make
     asyncio.run(_close(Store.open(url)))  # the lock was given back: a later open takes it
+
+
+def test_the_newest_migration_is_the_one_alembic_finds() -> None:
+    """`migrate.head`, read from the migration files so that a database at the newest
+    migration opens without loading Alembic, names the revision Alembic finds newest."""
+    assert migrate.head() == ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
