@@ -1,4 +1,5 @@
-"""One process's runtime: its settings, store, registry, engine and remote modules.
+"""One process's runtime: its settings, store, registry, engine and remote modules; or,
+for a command that only reads what is stored, its settings and store alone.
 
 The CLI's commands and the web app both open one; it lives outside both so that neither
 surface imports the other.
@@ -15,20 +16,19 @@ from typing import TYPE_CHECKING
 import structlog
 from sqlalchemy.engine import make_url
 
-from roadie.clock import SystemClock
 from roadie.config import Settings, load_settings
-from roadie.consoles import attach_console_modules
-from roadie.engine import Engine, EngineOptions
-from roadie.engine.notify import parse_webhooks
 from roadie.errors import ConfigError
-from roadie.registry import Registry, build_registry
-from roadie.remote import Remotes, attach_remote_modules, refresh_pull_module
 from roadie.store import Store, dialects
 
 log = structlog.get_logger(__name__)
 
-if TYPE_CHECKING:  # the gateway is a web app: its libraries are the `web` extra's
-    from roadie.remote.gateway import Gateway
+# The engine, the registry and the remote modules are imported by what opens them
+# (`open_context`), not with this module: `open_store` loads none of them.
+if TYPE_CHECKING:
+    from roadie.engine import Engine, EngineOptions
+    from roadie.registry import Registry
+    from roadie.remote import Remotes
+    from roadie.remote.gateway import Gateway  # a web app: its libraries are the `web` extra's
 
 
 _frozen = False
@@ -58,6 +58,7 @@ class Context:
     def gateway(self) -> Gateway:
         """What remote modules call, over this context's store, queue and secrets; a
         pulling module that announces itself is usable in this process at once."""
+        from roadie.remote import refresh_pull_module
         from roadie.remote.gateway import Gateway
 
         return Gateway(
@@ -85,20 +86,22 @@ async def open_context(
     where it is run. The modules are loaded without their setup (no world file is made),
     and a SQLite database that does not exist yet is not made either: an empty one in
     memory stands in for it, which holds no announced module, as the missing file would.
-    `looks` is for a command that only reads what is stored (`run list`, `workers`...):
-    where the SQLite file does not exist (in a folder that does) it is the same, and says
-    so; where it does, the modules are set up as for any command."""
+    `looks` is for a command that only reads, but reads the modules or the engine too
+    (`run show`, `workers`...): where the SQLite file does not exist (in a folder that
+    does) it is the same, and says so; where it does, the modules are set up as for any
+    command. A command that reads only what is stored opens `open_store` instead."""
+    from roadie.clock import SystemClock
+    from roadie.consoles import attach_console_modules
+    from roadie.engine import Engine
+    from roadie.engine.notify import parse_webhooks
+    from roadie.registry import build_registry
+    from roadie.remote import attach_remote_modules
+
     settings = load_settings(database_url, config)
     webhooks = parse_webhooks(settings.webhooks, settings.source)
     clock = SystemClock()
     url = settings.database_url
-    stand_in = (read_only or looks) and not dialects.exists(url)
-    if stand_in and looks:
-        if dialects.missing_folder(make_url(url)) is not None:
-            stand_in = False  # opening it says which folder is missing: likely a mistyped URL
-        else:
-            file = dialects.sqlite_file(make_url(url))
-            log.warning("no database here yet: nothing has been stored in it", file=str(file))
+    stand_in = _stand_in(url) if looks else read_only and not dialects.exists(url)
     registry = build_registry(
         settings.modules, clock=clock, base_dir=settings.base_dir, open_states=not (read_only or stand_in)
     )
@@ -128,9 +131,36 @@ async def open_context(
         await registry.close()
 
 
+@asynccontextmanager
+async def open_store(database_url: str | None, config: str | None) -> AsyncIterator[Store]:
+    """Open the database (migrating it) and nothing else, for a command that only reads
+    what is stored (`run list`, `audit`...): no module is loaded or set up, no remote
+    module's server asked for its manifest, no engine built. Where the SQLite file does
+    not exist (in a folder that does), it is the same as `open_context(looks=True)`."""
+    url = load_settings(database_url, config).database_url
+    store = await Store.open(dialects.IN_MEMORY if _stand_in(url) else url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _stand_in(url: str) -> bool:
+    """For a command that only looks: whether an empty database in memory stands in for
+    `url`, a SQLite file that does not exist yet; it says so."""
+    if dialects.exists(url):
+        return False
+    if dialects.missing_folder(make_url(url)) is not None:
+        return False  # opening it says which folder is missing: likely a mistyped URL
+    log.warning("no database here yet: nothing has been stored in it", file=str(dialects.sqlite_file(make_url(url))))
+    return True
+
+
 def engine_options(settings: Settings) -> EngineOptions:
     """`[engine]` of roadie.toml as EngineOptions; the cleanup caps are checked here, since
     a cap that is not a count would only fail at the first cleanup."""
+    from roadie.engine import EngineOptions
+
     options = EngineOptions(**{k: v for k, v in settings.engine.items() if k in EngineOptions.__dataclass_fields__})
     if not isinstance(options.cleanup_caps, dict):
         raise ConfigError(f"{settings.source}: [engine.cleanup_caps] must be a table of module = count")

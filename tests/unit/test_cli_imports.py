@@ -58,7 +58,7 @@ HEAVY = (
 
 
 def loaded(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> tuple[list[str], str]:
-    """The heavy modules loaded by `roadie ARGS` in a fresh interpreter, and what it printed."""
+    """The modules loaded by `roadie ARGS` in a fresh interpreter, and what it printed."""
     out = tmp_path / "modules.json"
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(out), *args],
@@ -69,8 +69,12 @@ def loaded(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -
         check=True,
         timeout=60,
     )
-    modules = json.loads(out.read_text())
-    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)], done.stdout + done.stderr
+    return json.loads(out.read_text()), done.stdout + done.stderr
+
+
+def among(modules: list[str], packages: tuple[str, ...]) -> list[str]:
+    """The modules that are `packages` or under them."""
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)]
 
 
 @pytest.mark.parametrize(
@@ -94,17 +98,29 @@ def loaded(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -
 def test_help_version_and_mistakes_load_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     """Help, the version and a command line Click refuses load no engine, store, web stack,
     remote client, nor their libraries."""
-    heavy, printed = loaded(args, tmp_path)
-    assert heavy == []
+    modules, printed = loaded(args, tmp_path)
+    assert among(modules, HEAVY) == []
     assert "roadie" in printed
 
 
 def test_completion_loads_nothing_heavy(tmp_path: Path) -> None:
     """Completing a command's options loads nothing heavy either."""
     completion = {"_ROADIE_COMPLETE": "complete_bash", "COMP_WORDS": "roadie run list --st", "COMP_CWORD": "3"}
-    heavy, printed = loaded([], tmp_path, completion)
-    assert heavy == []
+    modules, printed = loaded([], tmp_path, completion)
+    assert among(modules, HEAVY) == []
     assert printed.split() == ["--status"]
+
+
+def test_run_list_opens_the_database_alone(tmp_path: Path) -> None:
+    """`roadie run list` on a database `roadie init` made reads the store and nothing more:
+    no module is loaded, no engine built, no remote client; and Alembic is not loaded to
+    find the schema at the newest migration."""
+    subprocess.run([sys.executable, "-m", "roadie.cli.main", "init"], cwd=tmp_path, check=True, capture_output=True)
+    modules, printed = loaded(["run", "list"], tmp_path)
+    assert "roadie.store" in modules
+    unread = ("roadie.engine", "roadie.registry", "roadie.modules", "roadie.remote", "roadie.definitions", "alembic")
+    assert among(modules, (*unread, "httpx", "fastapi", "yaml", "jinja2")) == []
+    assert "┃ run ┃" in printed
 
 
 def test_the_rule_names_in_the_help_are_the_checks() -> None:

@@ -17,6 +17,7 @@ from roadie.cli.common import (
     clip,
     console,
     in_context,
+    in_store,
     line,
     print_json,
     styled,
@@ -26,6 +27,7 @@ from roadie.states import CleanupStatus
 if TYPE_CHECKING:
     from roadie.engine.cleanup import PreviewGroup
     from roadie.runtime import Context
+    from roadie.store import Store
 
 
 def cleanup(
@@ -242,10 +244,10 @@ def leases(
     """Leases in force across the world: which run holds which target, until when."""
     from roadie import views
 
-    async def work(ctx: Context) -> list[Any]:
-        return await ctx.store.leases_in_force()
+    async def work(store: Store) -> list[Any]:
+        return await store.leases_in_force()
 
-    found = [views.Lease.of(r) for r in in_context(database_url, config, work, as_json=as_json, looks=True)]
+    found = [views.Lease.of(r) for r in in_store(database_url, config, work, as_json=as_json)]
     if as_json:
         print_json(views.shown_all(views.Lease, found))
         return
@@ -269,10 +271,10 @@ def audit(
 ) -> None:
     """The audit log: who did what, newest first."""
 
-    async def work(ctx: Context) -> list[Any]:
-        return await ctx.store.list_audit(f"run:{run_id}" if run_id else None, limit, actor=actor, action=action)
+    async def work(store: Store) -> list[Any]:
+        return await store.list_audit(f"run:{run_id}" if run_id else None, limit, actor=actor, action=action)
 
-    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
+    rows = in_store(database_url, config, work, as_json=as_json)
     if as_json:
         from roadie import views
 

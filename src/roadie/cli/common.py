@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -28,6 +28,7 @@ from roadie.errors import ConfigError, DefinitionError, NotFound, RegistryError,
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
+    from roadie.store import Store
 
 T = TypeVar("T")
 
@@ -131,13 +132,31 @@ def in_context(
 ) -> T:
     """Open the context, run `work`, and turn Roadie's errors into a message and an exit
     code by their kind (`EXIT_CODES`)."""
-    import asyncio
-
     from roadie.runtime import open_context
 
     async def go() -> T:
         async with open_context(database_url, config, **kw) as ctx:
             return await work(ctx)
+
+    return _run(go, as_json=as_json)
+
+
+def in_store(
+    database_url: str | None, config: str | None, work: Callable[[Store], Awaitable[T]], *, as_json: bool = False
+) -> T:
+    """As `in_context`, for a command that reads only what is stored: it opens the
+    database alone (`open_store`), and loads neither the modules nor the engine."""
+    from roadie.runtime import open_store
+
+    async def go() -> T:
+        async with open_store(database_url, config) as store:
+            return await work(store)
+
+    return _run(go, as_json=as_json)
+
+
+def _run(go: Callable[[], Coroutine[Any, Any, T]], *, as_json: bool) -> T:
+    import asyncio
 
     try:
         return asyncio.run(go())

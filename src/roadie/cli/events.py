@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, group, in_context, print_json
+from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console, group, in_context, in_store, print_json
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
+    from roadie.store import Store
 
 event_app = group("Event definitions: validate, apply, list.")
 
@@ -70,10 +71,10 @@ def event_list(
 ) -> None:
     """List events, newest version of each."""
 
-    async def work(ctx: Context) -> list[Any]:
-        return await ctx.store.list_events()
+    async def work(store: Store) -> list[Any]:
+        return await store.list_events()
 
-    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
+    rows = in_store(database_url, config, work, as_json=as_json)
     if as_json:
         from roadie import views
 

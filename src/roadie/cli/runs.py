@@ -26,6 +26,7 @@ from roadie.cli.common import (
     fail,
     group,
     in_context,
+    in_store,
     line,
     make_console,
     print_json,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
     from roadie.engine.cleanup import PreviewGroup
     from roadie.runtime import Context
+    from roadie.store import Store
     from roadie.store.rows import RunRow
 
 run_app = group("Runs: start, list, show, cancel.")
@@ -190,10 +192,10 @@ def run_list(
 ) -> None:
     """List runs, newest first."""
 
-    async def work(ctx: Context) -> list[RunRow]:
-        return await ctx.store.list_runs(status=status, event_id=event, limit=limit)
+    async def work(store: Store) -> list[RunRow]:
+        return await store.list_runs(status=status, event_id=event, limit=limit)
 
-    runs = in_context(database_url, config, work, as_json=as_json, looks=True)
+    runs = in_store(database_url, config, work, as_json=as_json)
     if as_json:
         from roadie import views
 

@@ -18,6 +18,7 @@ from roadie.cli.common import (
     err,
     group,
     in_context,
+    in_store,
     listening,
     print_json,
     require_web,
@@ -25,6 +26,7 @@ from roadie.cli.common import (
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
+    from roadie.store import Store
 
 token_app = group("API tokens of `roadie serve`: create, list, revoke.")
 
@@ -122,10 +124,10 @@ def token_list(
 ) -> None:
     """Every token, revoked ones too. Secrets are never shown again."""
 
-    async def work(ctx: Context) -> list[Any]:
-        return await ctx.store.list_tokens()
+    async def work(store: Store) -> list[Any]:
+        return await store.list_tokens()
 
-    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
+    rows = in_store(database_url, config, work, as_json=as_json)
     if as_json:
         from roadie import views
 

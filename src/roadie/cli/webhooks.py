@@ -19,12 +19,14 @@ from roadie.cli.common import (
     fail,
     group,
     in_context,
+    in_store,
     print_json,
     styled,
 )
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
+    from roadie.store import Store
 
 webhooks_app = group("Notifications sent to the webhooks of roadie.toml ([[webhooks]]).")
 
@@ -40,10 +42,10 @@ def list_deliveries(
     """Each notification's delivery to each webhook, newest first: delivered, pending (with
     when it is tried again and why the last attempt failed), skipped or given up."""
 
-    async def work(ctx: Context) -> list[Any]:
-        return await ctx.store.list_deliveries(run_id, limit)
+    async def work(store: Store) -> list[Any]:
+        return await store.list_deliveries(run_id, limit)
 
-    rows = in_context(database_url, config, work, as_json=as_json, looks=True)
+    rows = in_store(database_url, config, work, as_json=as_json)
     if as_json:
         print_json([asdict(r) for r in rows])
         return
