@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     load_after = load()
     floor_cpu = statistics.median(c for c, _ in floor)
     floor_wall = statistics.median(w for _, w in floor)
-    rows = [("python -c pass (the floor)", floor_cpu, floor_wall, None)]
+    rows = [("python -c pass", floor_cpu, floor_wall, None)]
     for (_, aim), (label, runs) in zip(COMMANDS, figures.items(), strict=True):
         rows.append((label, statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs), aim))
     print(f"load average {load_after}")
@@ -120,7 +120,8 @@ def main(argv: list[str]) -> int:
         ]
         for label, cpu, wall, aim in rows:
             verdict = "" if aim is None else f"< {aim} s: " + ("met" if cpu < aim else "**missed**")
-            cells = [f"`{label}`", f"{cpu:.3f}", f"{cpu / floor_cpu:.1f}×", f"{wall:.3f}", f"{wall / floor_wall:.1f}×"]
+            name = f"`{label}`" + (" (the floor)" if label == "python -c pass" else "")
+            cells = [name, f"{cpu:.3f}", f"{cpu / floor_cpu:.1f}×", f"{wall:.3f}", f"{wall / floor_wall:.1f}×"]
             lines.append("| " + " | ".join([*cells, verdict]) + " |")
         write_section(args.write, "cli_startup.py", "\n".join(lines))
     return 0
