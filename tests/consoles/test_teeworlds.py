@@ -10,8 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
+from roadie.web import WebOptions, create_app
 from tests.consoles.servers import TEEWORLDS, Project, Teeworlds, require, wait_for
+from tests.web.conftest import mint_tokens
 
 DEFINITION = "integrations/teeworlds/teeworlds.yaml"
 pytestmark = pytest.mark.timeout(400)
@@ -139,3 +142,22 @@ def test_a_wrong_econ_password_is_one_line_that_says_so(tee: Teeworlds, tmp_path
     details = [r["detail"] for r in report["results"] if r["outcome"] == "fail"]
     assert details, report
     assert all("Wrong password" in d for d in details), details
+
+
+def test_the_website_catalogue_shows_a_console_world(
+    tee: Teeworlds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    monkeypatch.setenv("ROADIE_CONSOLE_TEE", project.env["ROADIE_CONSOLE_TEE"])
+    url = f"sqlite:///{project.home / 'roadie.db'}"
+    assert project.run("init").returncode == 0
+    token = mint_tokens(url, "viewer")["viewer"]
+    app = create_app(WebOptions(database_url=url, config=str(project.home / "roadie.toml"), worker=False))
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {token}"}
+        listed = {m["name"]: m for m in client.get("/api/v1/catalogue", headers=headers).json()}
+        assert {a["id"] for a in listed["tee"]["actions"]} == {"tee.broadcast", "tee.say"}
+        assert "tee.motd" in {lease["id"] for lease in listed["tee"]["leases"]}
+        page = client.get("/catalogue", headers=headers)
+        assert page.status_code == 200
+        assert "tee.scorelimit" in page.text
