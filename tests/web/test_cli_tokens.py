@@ -37,5 +37,13 @@ def test_token_create_list_revoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_serve_help_names_its_options() -> None:
     result = runner.invoke(app, ["serve", "--help"])
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--no-worker", "--concurrency", "--secret-key", "--secure-cookies"):
+    for option in (
+        "--host",
+        "--port",
+        "--no-worker",
+        "--concurrency",
+        "--secret-key",
+        "--secure-cookies",
+        "--max-body",
+    ):
         assert option in result.output

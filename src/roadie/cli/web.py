@@ -44,6 +44,13 @@ def serve(
         "on restart; give every server behind one address the same key.",
     ),
     secure_cookies: bool = typer.Option(False, "--secure-cookies", help="Mark the session cookie Secure (HTTPS)."),
+    max_body: int = typer.Option(
+        1 << 20,
+        "--max-body",
+        min=1024,
+        help="The largest request body in bytes (default 1 MiB); a larger one is refused with 413 before it "
+        "is read. An event file's upload may take 4 MiB, or this if larger.",
+    ),
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
@@ -61,6 +68,7 @@ def serve(
     if secret_key:
         options.secret_key = secret_key
     options.secure_cookies = secure_cookies
+    options.max_body = max_body
     # A database that cannot be opened is one line before anything is served, not a
     # traceback from the server's startup.
     in_context(database_url, config, _opened)

@@ -24,15 +24,17 @@ WHY = {
     403: "The token's role may not do this.",
     404: "No such run, event, resource or token.",
     409: "What it asks for is not possible now (the run is not in flight; the name is taken).",
+    413: "The body is over the server's limit (1 MiB by default; 4 MiB for an event file), refused before it is read.",
     422: "The request does not fit: `field` names the first problem, `problems` lists them all.",
     503: "The database is unavailable.",
 }
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """The error answers a route may give, besides those every route may (401, 403, 422,
-    503): each with the one body the server sends for an error."""
-    return {code: {"model": schemas.ErrorBody, "description": WHY[code]} for code in (401, 403, 422, 503, *codes)}
+    """The error answers a route may give, besides those every route may (401, 403, 413,
+    422, 503): each with the one body the server sends for an error."""
+    every = (401, 403, 413, 422, 503)
+    return {code: {"model": schemas.ErrorBody, "description": WHY[code]} for code in (*every, *codes)}
 
 
 ERRORS = _errors()

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, StoreError
 from roadie.remote.gateway import gateway_router
 from roadie.runtime import Context, open_context
-from roadie.web import api, dashboard
+from roadie.web import api, bodies, dashboard
 from roadie.web.auth import Forbidden, Unauthenticated, state_of
 from roadie.web.live import Broker
 from roadie.web.metrics import CONTENT_TYPE, Metrics
@@ -85,7 +85,8 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
         redoc_url=None,
         static_url="/static/api-docs",
     )
-    app.add_middleware(SecurityHeaders)
+    app.add_middleware(bodies.BodyLimit, limit=_body_limits(options), refuse=_too_large)
+    app.add_middleware(SecurityHeaders)  # added last, so outermost: a 413 carries its headers too
     # Routes are matched in turn: the pages' few first (a page would be tried against
     # every API route before them; an API request passes the pages' quickly).
     app.include_router(dashboard.router)
@@ -112,6 +113,33 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
+
+
+# The routes that take an event file: the file (up to `service.MAX_EVENT_BYTES`), and in a
+# form the other fields beside it.
+EVENT_FILE_ROUTES = frozenset({("POST", "/api/v1/events"), ("POST", "/api/v1/events/check"), ("POST", "/events")})
+
+
+def _body_limits(options: WebOptions) -> bodies.Limit:
+    def limit(method: str, path: str) -> int | None:
+        if path.startswith("/roadie/"):
+            # The gateway bounds its own bodies (protocol.MAX_BODY_BYTES), after it has
+            # checked the request's signature headers and before it reads a byte, and
+            # refuses with the protocol's error body.
+            return None
+        if (method, path) in EVENT_FILE_ROUTES:
+            return max(options.max_event_body, options.max_body)
+        return options.max_body
+
+    return limit
+
+
+def _too_large(scope: Scope, limit: int) -> Response:
+    request = Request(scope)
+    message = f"the request body is larger than {bodies.size(limit)}"
+    if _wants_html(request):
+        return dashboard.error_page(request, 413, message)
+    return JSONResponse({"error": message, "field": None}, status_code=413)
 
 
 # Every page's scripts and styles are this server's own files; inline style attributes

@@ -33,6 +33,11 @@ class WebOptions:
     secure_cookies: bool = False  # set the cookie's Secure flag (serve behind HTTPS)
     poll: float = 1.0  # how often a live stream looks at the database without a nudge
     credentials_ttl: float = 2.0  # how long a checked token or session is trusted without a read
+    # The largest request body, in bytes: one over it is refused with 413 before any route
+    # (or its authentication) reads it. The routes that take an event file allow
+    # `max_event_body`: the file (1 MiB at most), with room for a form's other fields.
+    max_body: int = 1 << 20
+    max_event_body: int = 4 << 20
 
 
 K = TypeVar("K")
