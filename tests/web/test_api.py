@@ -269,7 +269,7 @@ def test_malformed_run_bodies_change_nothing(site: Site) -> None:
     site.upload(QUICK)
     before = site.store_call(lambda s: s.list_audit())
     cases = [
-        (b"{not json", 422),
+        (b"{not json", 400),  # as docs/web.md says: not JSON is 400, JSON that does not fit 422
         (b'{"params": {}}', 422),
         (b'{"event": "quick-raid", "colour": "red"}', 422),
         (b'{"event": "quick-raid", "params": {"count": 0}}', 422),
@@ -569,3 +569,21 @@ def test_every_list_comes_a_page_at_a_time_with_a_link_to_the_next(site: Site) -
     assert site.get("/api/v1/events?offset=-1").status_code == 422
     assert site.get("/api/v1/events/no-such/versions?offset=5").status_code == 404
     assert site.get("/api/v1/events/quick-raid/versions?offset=5").json() == []
+
+
+def test_a_body_that_is_not_json_is_400_and_one_that_says_the_wrong_thing_422(site: Site) -> None:
+    """As docs/web.md and the OpenAPI document say: a body that is not JSON (or not sent as
+    JSON) is 400, naming why; JSON that does not fit the route is 422, naming the field."""
+    json_ = {"content-type": "application/json"}
+    for body, headers in (
+        (b"not json", json_),
+        (b'{"event": ', json_),
+        (b'{"event": "x"}', {"content-type": "text/plain"}),
+    ):
+        refused = site.post("/api/v1/runs", "operator", content=body, headers=headers)
+        assert refused.status_code == 400, body
+        assert refused.json()["error"].startswith("the body is not JSON: "), refused.json()
+        assert refused.json()["field"] == "body"
+    assert site.post("/api/v1/tokens", content=b"{", headers=json_).status_code == 400
+    wrong = site.post("/api/v1/runs", "operator", json={"event": "", "params": {}})
+    assert (wrong.status_code, wrong.json()["field"]) == (422, "body.event")

@@ -232,8 +232,30 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
         # /runs/abc in a browser: a page that names what is wrong, not the API's JSON.
         in_path = bool(first.get("loc")) and first["loc"][0] == "path"
         return dashboard.error_page(request, 404 if in_path else 422, "no such page" if in_path else message)
+    not_json = _not_json(request, first)
+    if not_json is not None:
+        return JSONResponse({"error": not_json, "field": "body"}, status_code=400)
     problems = [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg")} for e in errors]
     return JSONResponse({"error": message, "field": field or None, "problems": problems}, status_code=422)
+
+
+def _not_json(request: Request, error: Any) -> str | None:
+    """Why a body is not JSON (400), or None when it is and the mistake is in what it says (422)."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "json_invalid":
+        reason = (error.get("ctx") or {}).get("error", "invalid")
+        at = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return f"the body is not JSON: {reason}{at}"
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if (
+        loc == ("body",)
+        and error.get("type") != "missing"
+        and not (kind == "application/json" or kind.endswith("+json"))
+    ):
+        # FastAPI reads a body as JSON only when it says it is: any other is taken as text.
+        sent = f"not {kind}" if kind else "it had none"
+        return f"the body is not JSON: send it with Content-Type: application/json ({sent})"
+    return None
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
