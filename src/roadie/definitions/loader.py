@@ -23,7 +23,6 @@ from pydantic import ValidationError
 
 from roadie.definitions.model import EventDefinition, ParamSpec, StepDef
 from roadie.definitions.render import (
-    ENV,
     MAX_RUN_CHARACTERS,
     RENDER_SECONDS,
     RESERVED_NAMES,
@@ -43,6 +42,7 @@ from roadie.definitions.render import (
     template_strings,
     within,
 )
+from roadie.definitions.sandbox import ENV
 from roadie.durations import parse_duration
 from roadie.errors import DefinitionError, Problem, UnknownAction
 from roadie.registry.module import Action

@@ -23,11 +23,9 @@ from functools import lru_cache
 from typing import Any, TypeVar, Union, get_args, get_origin
 
 import jsonschema
-from jinja2 import StrictUndefined, Undefined
+from jinja2 import Undefined
 from jinja2.environment import Template, TemplateExpression
 from jinja2.exceptions import SecurityError, TemplateSyntaxError, UndefinedError
-from jinja2.runtime import Context
-from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
@@ -37,6 +35,7 @@ from roadie.definitions.model import (
     RenderedPhase,
     RenderedStep,
 )
+from roadie.definitions.sandbox import ENV, MAX_SEQUENCE, weight
 from roadie.durations import format_duration, parse_duration
 from roadie.errors import DefinitionError, Problem, UnknownAction, UnknownLease
 from roadie.registry.module import Action
@@ -47,14 +46,10 @@ FieldPath = tuple[str | int, ...]
 RESERVED_NAMES = frozenset({"params", "event", "run"})
 """Names a template sees besides the params themselves; no param may take one."""
 
-# Bounds on what lets a one-line template exhaust a worker's memory or CPU: the two
-# operators (`{{ 'x' * 10**10 }}`, `{{ 9**9**9 }}`), methods that pad (`'a'.ljust(10**8)`),
-# what a template writes out, and how long the templates of one event may take (nested
-# loops). Legitimate event templates stay far below each.
-_MAX_SEQUENCE = 1_000_000
-_MAX_EXPONENT = 1_000
+# How long the templates of one event may take (nested loops); what they may build is
+# bounded by the sandbox (sandbox.py), operation by operation.
 RENDER_SECONDS = 2.0
-# What a run's steps may hold in all, as JSON: each value is bounded by _MAX_SEQUENCE, but
+# What a run's steps may hold in all, as JSON: each value is bounded by MAX_SEQUENCE, but
 # a file of many steps could still render gigabytes, every byte stored and dispatched.
 MAX_RUN_CHARACTERS = 16_000_000
 RUN_TOO_LARGE = (
@@ -73,42 +68,6 @@ T = TypeVar("T")
 # `{{ expr }}` with nothing around it; `-`/`+` are Jinja's whitespace control marks.
 _SINGLE_EXPRESSION = re.compile(r"^\{\{[-+]?(?P<expr>.*?)[-+]?\}\}$", re.DOTALL)
 _TEMPLATE_MARKS = ("{{", "}}", "{%", "%}", "{#", "#}")
-
-
-class _Sandbox(SandboxedEnvironment):
-    """The sandbox, plus refusal of the arithmetic that would build huge values."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and _is_number(left) and _is_number(right):
-            if abs(right) > _MAX_EXPONENT and abs(left) > 1:
-                raise SecurityError(f"exponent {right!r} is too large")
-        elif operator == "*":
-            for seq, times in ((left, right), (right, left)):
-                sized = isinstance(seq, str | list | tuple) and _is_number(times)
-                if sized and len(seq) * times > _MAX_SEQUENCE:
-                    raise SecurityError("the result of '*' would be too large")
-        return super().call_binop(context, operator, left, right)
-
-    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        owner = getattr(__obj, "__self__", None)
-        if isinstance(owner, str | bytes | list | tuple):
-            for value in (*args, *kwargs.values()):
-                if _is_number(value) and abs(value) > _MAX_SEQUENCE:
-                    raise SecurityError(f"{value!r} is too large an argument for {__obj.__name__}()")
-        result = super().call(__context, __obj, *args, **kwargs)
-        if isinstance(result, str | bytes | list | tuple | dict) and len(result) > _MAX_SEQUENCE:
-            raise SecurityError(f"the result of {getattr(__obj, '__name__', 'a call')}() would be too large")
-        return result
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-ENV = _Sandbox(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
-"""The one environment every template of every event is evaluated in."""
 
 
 class TemplateFailure(Exception):
@@ -165,12 +124,15 @@ def render_string(source: str, context: Mapping[str, Any]) -> Any:
     """Evaluate one templated string; any failure propagates as raised by Jinja or Python."""
     compiled = compile_template(source)
     if isinstance(compiled, TemplateExpression):
-        return _plain(compiled(**context))
+        value = compiled(**context)
+        if weight(value) > MAX_SEQUENCE:
+            raise SecurityError(f"the value would come to more than {MAX_SEQUENCE:,} characters")
+        return _plain(value)
     size, parts = 0, []
     for part in compiled.generate(**context):
         size += len(part)
-        if size > _MAX_SEQUENCE:
-            raise SecurityError(f"the template writes more than {_MAX_SEQUENCE:,} characters")
+        if size > MAX_SEQUENCE:
+            raise SecurityError(f"the template writes more than {MAX_SEQUENCE:,} characters")
         parts.append(part)
     return "".join(parts)
 
