@@ -916,6 +916,44 @@ def test_templates_within_the_bounds_render_as_before(template: str, value: Any)
     assert render_string(template, {}) == value
 
 
+def _one_step(template: str) -> str:
+    text = "id: once\nparams:\n  n: {type: int, default: 3}\n  r: {type: str}\nphases:\n  - name: only\n"
+    return text + f"    steps:\n      - action: core.log\n        with: {{message: {json.dumps(template)}}}\n"
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (
+            "{% for i in range(100000000) %}x{{ r }}{% endfor %}",
+            "template failed: OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).",
+        ),
+        ("{{ 1 // 0 }} {{ n }}", "template failed: ZeroDivisionError: integer division or modulo by zero"),
+        ("{{ run.nope }}", "template failed: 'dict object' has no attribute 'nope'"),
+    ],
+)
+def test_a_template_that_fails_for_every_run_is_refused_at_validation(
+    registry: Registry, template: str, message: str
+) -> None:
+    """A template that fails before it looks at a param fails for every run: validation
+    says so, as `file:line: field: message`, with the error a run would meet. Before,
+    only the sandbox's refusals were reported, and such a file passed `event validate`
+    and `event apply` and then refused every `run start`."""
+    problems = problems_of(_one_step(template), "once.yaml", registry)
+    assert [str(p) for p in problems] == [f"once.yaml:9: phases[0].steps[0].with.message: {message}"]
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{{ 10 // (n - 3) }}", "{% if n > 2 %}{{ 1 // 0 }}{% endif %}", "{{ r.upper() }}", "{{ (params.n - 3) // 0 }}"],
+)
+def test_a_template_that_fails_for_some_values_only_still_validates(registry: Registry, template: str) -> None:
+    """Failing with the params' defaults (or without a value) is not failing for every
+    run: a template that looks at a param before it fails may succeed with another."""
+    definition = load_definition(_one_step(template), "some.yaml", registry)
+    assert definition.id == "once"
+
+
 def test_a_slow_template_is_refused_when_the_run_starts(registry: Registry) -> None:
     """The same loops fed by a param without a default pass the check (it cannot render
     them) and are stopped when a run would start, naming the step."""

@@ -35,6 +35,7 @@ from roadie.definitions.render import (
     field_path,
     has_template,
     json_size,
+    render_string,
     render_value,
     step_rules,
     suggest,
@@ -392,6 +393,33 @@ class _Checker:
         del context["run"]
         return context
 
+    def _failure_for_every_run(self, value: Any, path: FieldPath) -> Exception | None:
+        """How the template at `path` inside `value` fails whatever the run's params are,
+        or None: rendered with every param (and the run's id) an `_Unknown`, it fails
+        before it has done anything with one, as every run would. A template that looks
+        at a param first is not judged here: it may fail for one value and not another."""
+        text = dict(template_strings(value, path[:1])).get(path)
+        if text is None:
+            return None
+        try:
+            render_string(text, self._unknown_context())
+        except _DependsOnParam:
+            return None
+        except Exception as exc:  # the template's own failure, whatever it is
+            return exc
+        return None
+
+    def _unknown_context(self) -> dict[str, Any]:
+        event_id, title = self.data.get("id"), self.data.get("title")
+        context = template_context(
+            dict.fromkeys(self.param_names, UNKNOWN),
+            event_id=event_id if isinstance(event_id, str) else "",
+            title=title if isinstance(title, str) else "",
+            run_id=None,
+        )
+        context["run"] = {"id": UNKNOWN}
+        return context
+
     def _check_step(self, where: FieldPath, step: dict[Any, Any]) -> None:
         with_key = "with" if "with" in step or "with_" not in step else "with_"
         raw_with = step.get(with_key, {})
@@ -452,9 +480,12 @@ class _Checker:
                     probe[key] = render_value(value, context, (key,))
                     continue
                 except TemplateFailure as failure:
+                    # The sandbox's refusals with the defaults, and whatever fails before a
+                    # param is looked at, every run would meet: say so now.
                     if isinstance(failure.error, SecurityError):
-                        # The sandbox refuses this whatever the params: say so now.
                         self._add((*with_path, *failure.path), str(failure))
+                    elif (everyone := self._failure_for_every_run(value, failure.path)) is not None:
+                        self._add((*with_path, *failure.path), str(TemplateFailure(failure.path, everyone)))
             # Not renderable before the run's params are known: only its key is checked.
             if key in accepted:
                 unchecked.update({key, accepted[key]})
@@ -482,6 +513,36 @@ class _Checker:
             self._add(with_path, RUN_TOO_LARGE)
         for path, message in step_rules(self.registry, action, known, timeout, unchecked):
             self._add((*with_path, *path), message)
+
+
+class _DependsOnParam(BaseException):
+    """Raised by `UNKNOWN` when a template does anything with it. A BaseException, so that
+    no handler of a template or of the filters it calls takes it for the template's error."""
+
+
+class _Unknown:
+    """A param whose value is not known yet: whatever a template does with it (print it,
+    compare it, add to it, call a method of it, iterate it) raises `_DependsOnParam`."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        raise _DependsOnParam()
+
+
+def _depends(self: _Unknown, *args: Any, **kwargs: Any) -> Any:
+    raise _DependsOnParam()
+
+
+_OPERATIONS = (
+    "str repr format bytes bool len iter reversed contains getitem hash eq ne lt le gt ge call "
+    "add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv mod rmod pow rpow divmod rdivmod "
+    "neg pos abs invert int float complex index round trunc floor ceil and rand or ror xor rxor"
+)
+for _name in _OPERATIONS.split():
+    setattr(_Unknown, f"__{_name}__", _depends)
+
+UNKNOWN = _Unknown()
 
 
 def _timeout(step: dict[Any, Any]) -> float | None:
