@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -253,6 +254,9 @@ def test_actions_lists_what_the_modules_offer(workdir: Path) -> None:
     assert "sandbox.spawn" in out
     assert "kind*: string" in out
     assert "per target, by one run at a time" in out
+    # Each lease's row says what values it takes under "takes", and what it is after it.
+    [row] = [line for line in out.splitlines() if "sandbox.xp_rate" in line]
+    assert re.search(r"sandbox\.xp_rate .*│ number \(≥ 0\) +│ The world", row), row
     listed = runner.invoke(app, ["actions", "--json"])
     assert listed.exit_code == 0, listed.output
     modules = {m["name"]: m for m in json.loads(listed.stdout)}

@@ -37,8 +37,7 @@ def actions(
     for module in modules:
         for lease in module.leases:
             how = "per target" if lease.targeted else "whole world"
-            leases.add_row(
-                lease.id, f"{how}, {'in layers' if lease.stacks else 'by one run at a time'}", lease.description
-            )
+            borrowed = f"{how}, {'in layers' if lease.stacks else 'by one run at a time'}"
+            leases.add_row(lease.id, borrowed, lease.takes, lease.description)
     console.print(leases)
     console.print('A step for each: roadie actions --json ("example"), or the dashboard\'s Catalogue page.')
