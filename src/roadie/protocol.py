@@ -110,10 +110,17 @@ def secret_list(secrets: Secrets) -> list[str]:
     """The secrets of `secrets`: a sequence as given; a string of `whsec_` secrets split on
     whitespace, so one setting (an environment variable, a Luanti setting) can hold a new
     and an old one. Any other string is one secret, spaces and all (split, a pass phrase
-    would become several weak secrets, any of them accepted)."""
+    would become several weak secrets, any of them accepted). A string that holds a
+    `whsec_` secret among other words is refused: whether it is one pass phrase or a
+    rotation cannot be told, and either reading would hold a secret the other side lacks."""
     if isinstance(secrets, str):
         parts = secrets.split()
-        found = parts if parts and all(p.startswith(_SECRET_PREFIX) for p in parts) else [secrets.strip()]
+        whsec = [p for p in parts if p.startswith(_SECRET_PREFIX)]
+        if whsec and len(whsec) < len(parts):
+            raise ValueError(
+                "a whsec_ secret among other words: give whsec_ secrets alone, one plain secret, or a list"
+            )
+        found = parts if whsec else [secrets.strip()]
         found = [s for s in found if s]
     else:
         found = [s for s in secrets if s]

@@ -169,6 +169,12 @@ def test_several_secrets_come_as_a_list_or_as_whsec_secrets_in_one_string() -> N
     assert protocol.secret_list("correct horse battery staple") == ["correct horse battery staple"]
     with pytest.raises(ValueError, match="no secret"):
         protocol.secret_list("  ")
+    # A whsec_ secret among other words could be either: it is refused, in either order.
+    for mixed in (f"{new} plain", f"plain {new}"):
+        with pytest.raises(ValueError, match="whsec_ secret among other words"):
+            protocol.secret_list(mixed)
+    with pytest.raises(ConfigError, match="module 'world': its secret is not usable: a whsec_ secret among"):
+        module_secret("world", {"secret": f"a phrase {new}"})
     with pytest.raises(ValueError, match="base64"):
         protocol.secret_bytes("whsec_not base64!")
     assert module_secret("world", {"secret": [new, old]}) == [new, old]

@@ -160,8 +160,8 @@ check(same(protocol.secret_list(" whsec_QQ==  whsec_Qg==\n\twhsec_Qw== "), {"whs
   and same(protocol.secret_list({"a", "", "b c"}), {"a", "b c"}),
   "several secrets: a string of whsec_ secrets split on whitespace, a list as given")
 check(same(protocol.secret_list(" correct horse\tbattery staple\n"), {"correct horse\tbattery staple"})
-  and protocol.secret_list("whsec_QQ== plain") == nil,
-  "any other string is one secret, spaces and all, never several weak ones (a whsec_ one then refused)")
+  and protocol.secret_list("whsec_QQ== plain") == nil and protocol.secret_list("plain whsec_QQ==") == nil,
+  "any other string is one secret, spaces and all, never several weak ones; whsec_ among other words is refused")
 check(protocol.secret_list("  ") == nil and protocol.secret_list({}) == nil and protocol.secret_list(nil) == nil,
   "no secret is refused")
 

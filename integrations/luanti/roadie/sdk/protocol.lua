@@ -31,10 +31,15 @@ return function(sdk)
   function M.secret_list(secrets)
     local found = {}
     if type(secrets) == "string" then
-      local all_whsec = true
+      local all_whsec, any_whsec = true, false
       for secret in secrets:gmatch("%S+") do
         found[#found + 1] = secret
         all_whsec = all_whsec and secret:sub(1, 6) == "whsec_"
+        any_whsec = any_whsec or secret:sub(1, 6) == "whsec_"
+      end
+      if any_whsec and not all_whsec then
+        -- one pass phrase, or a rotation? Neither reading is safe to guess.
+        return nil, "a whsec_ secret among other words: give whsec_ secrets alone, one plain secret, or a list"
       end
       if not all_whsec then
         local whole = secrets:match("^%s*(.-)%s*$")
