@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, StoreError
 from roadie.remote.gateway import gateway_router
 from roadie.runtime import Context, open_context
-from roadie.web import api, bodies, dashboard
+from roadie.web import api, bodies, dashboard, streams
 from roadie.web.auth import Forbidden, Unauthenticated, state_of
 from roadie.web.live import Broker
 from roadie.web.metrics import CONTENT_TYPE, Metrics
@@ -90,6 +90,7 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
     # Routes are matched in turn: the pages' few first (a page would be tried against
     # every API route before them; an API request passes the pages' quickly).
     app.include_router(dashboard.router)
+    app.include_router(streams.router)
     app.include_router(api.router)
     app.include_router(gateway_router(lambda request: request.app.state.gateway))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

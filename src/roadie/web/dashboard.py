@@ -15,8 +15,8 @@ import secrets
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
@@ -30,7 +30,6 @@ from roadie.views import Lease
 from roadie.web import auth, service
 from roadie.web.api import RowId
 from roadie.web.auth import COOKIE, Principal, require, state_of
-from roadie.web.live import ANY_RUN, watch_events
 from roadie.web.timeline import draw, layout
 from roadie.web.tokens import Role
 
@@ -529,43 +528,6 @@ async def workers_page(request: Request, who: Viewer) -> Response:
     state = state_of(request)
     rows = await state.store.list_workers(state.clock.now(), state.engine.options.claim_ttl)
     return _render(request, "workers.html", who, workers=rows)
-
-
-@router.get("/live/watch")
-async def watch(
-    request: Request,
-    who: Viewer,
-    what: Annotated[str, Query(pattern="^(runs|ledger|leases|workers)$")],
-    run: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
-) -> StreamingResponse:
-    """Server-sent `change` events for a list page: the page fetches itself again and
-    swaps in its table (live.js). Reads what the page shows, so it follows every worker,
-    on any machine."""
-    state = state_of(request)
-    store, clock, ttl = state.store, state.clock, state.engine.options.claim_ttl
-
-    async def runs() -> Any:
-        return [(r.id, r.status, r.cleanup_status, r.phase) for r in await store.list_runs(limit=200)]
-
-    async def ledger() -> Any:
-        assert run is not None
-        found = await store.get_run(run)
-        return found.cleanup_status, [(r.id, r.state) for r in await store.list_resources(run)]
-
-    async def leases() -> Any:
-        return [(r.id, r.state, r.until) for r in await store.leases_in_force()]
-
-    async def workers() -> Any:
-        return [(w.worker_id, w.state, w.steps, w.cleanups) for w in await store.list_workers(clock.now(), ttl)]
-
-    looks = {"runs": runs, "ledger": ledger, "leases": leases, "workers": workers}
-    if what == "ledger":
-        if run is None:
-            raise HTTPException(422, "watching a ledger needs ?run=N")
-        await store.get_run(run)  # 404 for no such run, before the stream starts
-    stream = watch_events(looks[what], state.broker, poll=state.options.poll, run_id=run or ANY_RUN)
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
 
 @router.get("/workers/warning", response_class=HTMLResponse)
