@@ -461,6 +461,37 @@ def test_a_list_page_hears_of_each_change_as_it_happens(site: Site) -> None:
     assert site.get("/live/watch?what=runs", role=None).status_code == 401
 
 
+def test_one_stream_carries_many_subscriptions_each_event_named_by_its_own(site: Site) -> None:
+    """`/live/streams?s=...`: what a browser's tabs share (live-worker.js), each event's
+    data `{"sub": key, "data": ...}`; a run's stream inside it ends as the run's does."""
+    site.upload(QUICK)
+    with site.client.stream("GET", "/live/streams?s=runs&s=leases", headers=site.auth("viewer")) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        lines = stream.iter_lines()
+        assert next(lines) == ": streaming"
+        run = _start(site)
+        assert next(line for line in lines if line.startswith("event:")) == "event: change"
+        assert json.loads(next(lines).removeprefix("data: "))["sub"] in ("runs", "leases")
+    site.wait_settled(run["id"])
+    key = f"run:{run['id']}"
+    with site.client.stream("GET", f"/live/streams?s={key}&s=ledger:{run['id']}", headers=site.auth("viewer")) as s:
+        events = []
+        lines = s.iter_lines()
+        for line in lines:
+            if line.startswith("event:"):
+                data = json.loads(next(lines).removeprefix("data: "))
+                events.append((line.removeprefix("event: "), data["sub"]))
+                if events[-1] == ("end", key):
+                    break
+        assert events == [("run", key), ("end", key)]
+    assert site.get("/live/streams").status_code == 422
+    assert site.get("/live/streams?s=everything").status_code == 422
+    assert site.get("/live/streams?s=run:0").status_code == 422
+    assert site.get("/live/streams?" + "&".join(f"s=run:{n}" for n in range(1, 70))).status_code == 422
+    assert site.get("/live/streams?s=run:12345").status_code == 404
+    assert site.get("/live/streams?s=runs", role=None).status_code == 401
+
+
 def test_an_event_file_is_checked_without_being_stored(site: Site) -> None:
     """`POST /api/v1/events/check`: an upload's validation, storing nothing."""
     checked = site.post(

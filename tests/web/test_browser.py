@@ -235,3 +235,54 @@ def test_sign_in_upload_start_watch_clean_up(server: tuple[str, str]) -> None:
             expect(page.locator("#runs tbody tr").first).to_contain_text("succeeded", timeout=90_000)
         finally:
             browser.close()
+
+
+def test_ten_live_tabs_share_one_stream_and_an_eleventh_page_loads_at_once(server: tuple[str, str]) -> None:
+    """A browser allows six connections to one host over HTTP/1.1. With a stream per live
+    tab, a seventh tab's page did not load for 20-30 s. The tabs share one stream now (a
+    SharedWorker), so ten live tabs leave room for every other page; and a list still
+    hears of a change through the shared stream."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token = server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1366, "height": 900})
+            first = context.new_page()
+            first.goto(f"{base}/login")
+            first.fill("#token", token)
+            first.click("button[type=submit]")
+            expect(first.locator("h1")).to_have_text("Runs")
+            tabs = [first]
+            for path in ["/leases", "/workers"] * 4 + ["/"]:
+                tab = context.new_page()
+                tab.goto(base + path)
+                tabs.append(tab)
+            # Every tab's page is drawn and has told the worker what it follows.
+            for tab in tabs:
+                expect(tab.locator("[data-live]")).to_have_count(1)
+            streams = first.evaluate(
+                """() => performance.getEntriesByType("resource").map(e => e.name)
+                   .filter(n => n.includes("/live/")).length"""
+            )
+            assert streams == 0  # the page itself opened none: its worker did
+
+            eleventh = context.new_page()
+            started = time.monotonic()
+            eleventh.goto(f"{base}/catalogue", timeout=20_000)
+            expect(eleventh.locator("h1")).to_contain_text("Catalogue")
+            assert time.monotonic() - started < 1.0
+
+            # And the lists are still live: a run started elsewhere shows on the runs tab.
+            source = INVASION.read_text().replace("cleanup: auto", "cleanup: manual")
+            headers = {"Authorization": f"Bearer {token}"}
+            stored = httpx.post(
+                f"{base}/api/v1/events", content=source.encode(), headers={**headers, "content-type": "text/plain"}
+            )
+            assert stored.status_code in (200, 201), stored.text
+            started_run = httpx.post(f"{base}/api/v1/runs", json={"event": "invasion", "params": {}}, headers=headers)
+            assert started_run.status_code == 201, started_run.text
+            expect(first.locator("#runs")).to_contain_text("invasion", timeout=15_000)
+        finally:
+            browser.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -23,6 +24,7 @@ from roadie.engine.engine import settled
 from roadie.store import Store
 from roadie.store.rows import RunRow, StepRow
 
+log = logging.getLogger(__name__)
 KEEPALIVE = 15.0  # seconds between comment lines, so proxies keep an idle stream open
 ANY_RUN = -1  # what `Broker.wait` is given to wake on any run's news
 
@@ -107,3 +109,42 @@ async def watch_events(
         if quiet >= KEEPALIVE:
             yield ": keepalive\n\n"
             quiet = 0.0
+
+
+async def merged(streams: dict[str, AsyncIterator[str]]) -> AsyncIterator[str]:
+    """Many streams as one: each event of the stream subscribed as `key` is sent on with
+    its data as `{"sub": key, "data": ...}`; it ends when every stream has. One connection
+    then serves every live part of every tab of a browser (live-worker.js), where a stream
+    each would pass the six connections a browser allows one host over HTTP/1.1 and stop
+    the site's next page from loading."""
+    queue: asyncio.Queue[tuple[str, str | None, str]] = asyncio.Queue()
+
+    async def pump(key: str, stream: AsyncIterator[str]) -> None:
+        try:
+            async for chunk in stream:
+                if chunk.startswith("event: "):
+                    name, _, rest = chunk[len("event: ") :].partition("\n")
+                    await queue.put((key, name, rest.removeprefix("data: ").strip()))
+        except Exception as exc:  # one stream's failure ends that one, not the others
+            log.warning("live stream %s stopped: %s: %s", key, type(exc).__name__, exc)
+        finally:
+            await queue.put((key, None, ""))
+
+    tasks = [asyncio.create_task(pump(key, stream)) for key, stream in streams.items()]
+    running = len(tasks)
+    try:
+        yield ": streaming\n\n"
+        while running:
+            try:
+                key, name, data = await asyncio.wait_for(queue.get(), KEEPALIVE)
+            except TimeoutError:
+                yield ": keepalive\n\n"
+                continue
+            if name is None:
+                running -= 1
+                continue
+            yield f'event: {name}\ndata: {{"sub": {json.dumps(key)}, "data": {data}}}\n\n'
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,9 +1,11 @@
 """The live streams the dashboard's pages follow (server-sent events): a list page's
 `change` notices, read from what the page shows, so they follow every worker on any
-machine. (A run's own stream is the API's, /api/v1/runs/N/events.)"""
+machine, and a run's own (the API's, /api/v1/runs/N/events) — each alone, or many as one
+(`/live/streams`), which is what the pages use: a browser's tabs share one connection."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -11,13 +13,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
 from roadie.web.auth import Principal, require, state_of
-from roadie.web.live import ANY_RUN, watch_events
+from roadie.web.live import ANY_RUN, merged, run_events, watch_events
 from roadie.web.state import WebState
 from roadie.web.tokens import Role
 
 router = APIRouter(include_in_schema=False)
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MAX_SUBSCRIPTIONS = 64
+_SUBSCRIPTION = re.compile(r"^(?:(?P<list>runs|leases|workers)|(?P<of>run|ledger):(?P<id>[1-9][0-9]{0,8}))$")
 
 
 async def watch_stream(state: WebState, what: str, run: int | None) -> AsyncIterator[str]:
@@ -58,3 +62,31 @@ async def watch(
     swaps in its table (live.js)."""
     stream = await watch_stream(state_of(request), what, run)
     return StreamingResponse(stream, media_type="text/event-stream", headers=HEADERS)
+
+
+@router.get("/live/streams")
+async def streams(
+    request: Request, who: Viewer, s: Annotated[list[str], Query(description="subscriptions")]
+) -> StreamingResponse:
+    """Many streams in one connection: `s=run:N` (a run's `run` and `end`), `s=runs`,
+    `s=leases`, `s=workers`, `s=ledger:N` (`change`), repeated; each event's data is
+    `{"sub": ..., "data": ...}`. live-worker.js keeps one of these for every tab of a
+    browser."""
+    keys = list(dict.fromkeys(s))
+    if not keys or len(keys) > MAX_SUBSCRIPTIONS:
+        raise HTTPException(422, f"give 1 to {MAX_SUBSCRIPTIONS} subscriptions (s=runs, s=run:N, s=ledger:N...)")
+    state = state_of(request)
+    subscribed: dict[str, AsyncIterator[str]] = {}
+    for key in keys:
+        found = _SUBSCRIPTION.match(key)
+        if found is None:
+            raise HTTPException(422, f"no such subscription: {key[:40]!r} (runs, leases, workers, run:N, ledger:N)")
+        if found["of"] == "run":
+            run_id = int(found["id"])
+            await state.store.get_run(run_id)  # 404 for no such run, before the stream starts
+            subscribed[key] = run_events(state.store, state.broker, run_id, poll=state.options.poll)
+        elif found["of"] == "ledger":
+            subscribed[key] = await watch_stream(state, "ledger", int(found["id"]))
+        else:
+            subscribed[key] = await watch_stream(state, found["list"], None)
+    return StreamingResponse(merged(subscribed), media_type="text/event-stream", headers=HEADERS)

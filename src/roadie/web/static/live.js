@@ -1,27 +1,84 @@
-// Live run page: follow the run's server-sent events and let htmx redraw the live part.
-document.addEventListener("DOMContentLoaded", function () {
-  var live = document.querySelector("[data-stream]");
-  if (!live || !window.EventSource) return;
-  var source = new EventSource(live.dataset.stream);
-  var refresh = function () { htmx.trigger(live, "refresh"); };
-  source.addEventListener("run", refresh);
-  source.addEventListener("end", function () { refresh(); source.close(); live.dataset.ended = "true"; });
-});
+// Live pages: the run page redraws its live part on each `run` event, and a list (runs, a
+// ledger, leases, workers) fetches its page again and swaps in its table on each
+// `change` (htmx). What a page follows is in its elements' data-live ("run:5", "runs",
+// "ledger:5"). Every tab of the browser shares one connection through live-worker.js (a
+// SharedWorker); where there is none, the page keeps one stream of its own.
+(function () {
+  var handlers = {};
+  var channel = null;
+  var opened = false;
 
-// Live lists (runs, a ledger, leases, workers): one stream per list; on each `change`,
-// htmx fetches the page again and swaps in the list (the element of the same id).
-document.addEventListener("DOMContentLoaded", function () {
-  if (!window.EventSource) return;
-  document.querySelectorAll("[data-watch]").forEach(function (watched) {
-    var id = watched.id;
-    var source = new EventSource(watched.dataset.watch);
-    source.addEventListener("change", function () {
-      var now = document.getElementById(id);
-      if (now) htmx.trigger(now, "refresh");
+  function subs() { return Object.keys(handlers); }
+
+  function dispatch(message) {
+    if (message.sub === null) {
+      // The shared stream (re)opened: what changed while it was closed was not heard, so
+      // every list looks again (not at the first opening: the page was just drawn).
+      if (message.name === "open") {
+        if (opened) Object.keys(handlers).forEach(function (key) { handlers[key]("change", null); });
+        opened = true;
+      }
+      return;
+    }
+    var handler = handlers[message.sub];
+    if (handler) handler(message.name, message.data);
+  }
+
+  function tell() { if (channel) channel.post({ subs: subs() }); }
+
+  function follow(key, handler) { handlers[key] = handler; }
+
+  function unfollow(key) { delete handlers[key]; tell(); }
+
+  function shared() {
+    var worker = new SharedWorker("/static/live-worker.js");
+    worker.port.onmessage = function (event) { dispatch(event.data); };
+    worker.port.start();
+    setInterval(function () { worker.port.postMessage({ ping: true }); }, 10000);
+    window.addEventListener("pagehide", function () { worker.port.postMessage({ bye: true }); });
+    return { post: function (message) { worker.port.postMessage(message); } };
+  }
+
+  function own() {
+    var source = null;
+    function open() {
+      if (source) source.close();
+      var keys = subs();
+      if (!keys.length || !window.EventSource) return;
+      source = new EventSource("/live/streams?" + keys.map(function (k) { return "s=" + encodeURIComponent(k); }).join("&"));
+      source.onopen = function () { dispatch({ sub: null, name: "open" }); };
+      ["run", "end", "change"].forEach(function (name) {
+        source.addEventListener(name, function (event) {
+          var message = JSON.parse(event.data);
+          dispatch({ sub: message.sub, name: name, data: message.data });
+        });
+      });
+    }
+    window.addEventListener("pagehide", function () { if (source) source.close(); });
+    return { post: open };
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var live = document.querySelector("#live[data-live]");
+    if (live) {
+      var key = live.dataset.live;
+      follow(key, function (name) {
+        htmx.trigger(live, "refresh");
+        if (name === "end") { live.dataset.ended = "true"; unfollow(key); }
+      });
+    }
+    document.querySelectorAll("[data-watch][data-live]").forEach(function (watched) {
+      var id = watched.id;
+      follow(watched.dataset.live, function () {
+        var now = document.getElementById(id);
+        if (now) htmx.trigger(now, "refresh");
+      });
     });
-    window.addEventListener("pagehide", function () { source.close(); });
+    if (!subs().length) return;
+    channel = window.SharedWorker ? shared() : own();
+    tell();
   });
-});
+})();
 
 // A form that does what is hard to take back asks first, in words saying what will happen.
 document.addEventListener("submit", function (event) {
