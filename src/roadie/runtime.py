@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 import structlog
 from sqlalchemy.engine import make_url
 
-from roadie.config import Settings, load_settings
-from roadie.errors import ConfigError
+from roadie.config import Settings, check_engine, load_settings
 from roadie.store import Store, dialects
 
 log = structlog.get_logger(__name__)
@@ -99,6 +98,7 @@ async def open_context(
 
     settings = load_settings(database_url, config)
     webhooks = parse_webhooks(settings.webhooks, settings.source)
+    options = engine_options(settings)
     clock = SystemClock()
     url = settings.database_url
     stand_in = _stand_in(url) if looks else read_only and not dialects.exists(url)
@@ -117,7 +117,6 @@ async def open_context(
         await store.close()
         await registry.close()
         raise
-    options = engine_options(settings)
     if concurrency is not None:
         options.concurrency = concurrency
     if claim_ttl is not None:
@@ -157,18 +156,9 @@ def _stand_in(url: str) -> bool:
 
 
 def engine_options(settings: Settings) -> EngineOptions:
-    """`[engine]` of roadie.toml as EngineOptions; the cleanup caps are checked here, since
-    a cap that is not a count would only fail at the first cleanup."""
+    """`[engine]` of roadie.toml as EngineOptions, checked (`roadie.config.check_engine`):
+    a cap or a count that is not one would only fail later, at the first cleanup or once
+    the worker had registered itself with it."""
     from roadie.engine import EngineOptions
 
-    options = EngineOptions(**{k: v for k, v in settings.engine.items() if k in EngineOptions.__dataclass_fields__})
-    if not isinstance(options.cleanup_caps, dict):
-        raise ConfigError(f"{settings.source}: [engine.cleanup_caps] must be a table of module = count")
-    caps = {"cleanup_cap": options.cleanup_cap, **{f"cleanup_caps.{m}": n for m, n in options.cleanup_caps.items()}}
-    for name, cap in caps.items():
-        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
-            raise ConfigError(f"{settings.source}: [engine] {name} must be a count of rows, not {cap!r}")
-    interval = options.sweep_interval
-    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0):
-        raise ConfigError(f"{settings.source}: [engine] sweep_interval must be seconds (0: no sweep), not {interval!r}")
-    return options
+    return EngineOptions(**check_engine(settings.engine, settings.source).model_dump())

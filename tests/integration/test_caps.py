@@ -76,11 +76,11 @@ def test_a_cleanup_within_the_cap_and_a_default_cap(harness: Harness) -> None:
 @pytest.mark.parametrize(
     ("engine", "problem"),
     [
-        ({"cleanup_cap": "lots"}, "cleanup_cap must be a count of rows, not 'lots'"),
-        ({"cleanup_cap": -1}, "cleanup_cap must be a count of rows"),
-        ({"cleanup_caps": {"sandbox": 2.5}}, "cleanup_caps.sandbox must be a count of rows"),
-        ({"cleanup_caps": 5}, "[engine.cleanup_caps] must be a table"),
-        ({"sweep_interval": "often"}, "sweep_interval must be seconds (0: no sweep), not 'often'"),
+        ({"cleanup_cap": "lots"}, "roadie.toml: engine.cleanup_cap: Input should be a valid integer, not 'lots'"),
+        ({"cleanup_cap": -1}, "engine.cleanup_cap: Input should be greater than or equal to 0, not -1"),
+        ({"cleanup_caps": {"sandbox": 2.5}}, "engine.cleanup_caps.sandbox: Input should be a valid integer, not 2.5"),
+        ({"cleanup_caps": 5}, "engine.cleanup_caps: Input should be a valid dictionary, not 5"),
+        ({"sweep_interval": "often"}, "engine.sweep_interval: Input should be a valid number, not 'often'"),
     ],
 )
 def test_a_bad_cap_or_interval_is_refused_with_its_name(engine: dict[str, object], problem: str) -> None:

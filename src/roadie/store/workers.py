@@ -172,7 +172,7 @@ class WorkerQueries(Connector):
                         started_at=r.started_at,
                         heartbeat_at=heartbeat,
                         stopped_at=r.stopped_at,
-                        concurrency=int(r.concurrency),
+                        concurrency=_stored_count(r.concurrency),
                         version=r.version,
                         state=state.value,
                         steps=int(r.steps),
@@ -183,3 +183,13 @@ class WorkerQueries(Connector):
 
         result: list[WorkerRow] = await self._read(work)
         return result
+
+
+def _stored_count(value: Any) -> int:
+    """A worker's stored concurrency; 0 for one that is not a number. Before roadie.toml
+    was checked, a worker could register `concurrency = "lots"`, which SQLite keeps as
+    text: the list must still show every other worker, and this one's state."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
