@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
-from sqlalchemy.engine import make_url
 
 from roadie.config import Settings, check_engine, load_settings
 from roadie.store import Store, dialects
@@ -149,9 +148,10 @@ def _stand_in(url: str) -> bool:
     `url`, a SQLite file that does not exist yet; it says so."""
     if dialects.exists(url):
         return False
-    if dialects.missing_folder(make_url(url)) is not None:
+    parsed = dialects.parse_url(url)
+    if dialects.missing_folder(parsed) is not None:
         return False  # opening it says which folder is missing: likely a mistyped URL
-    log.warning("no database here yet: nothing has been stored in it", file=str(dialects.sqlite_file(make_url(url))))
+    log.warning("no database here yet: nothing has been stored in it", file=str(dialects.sqlite_file(parsed)))
     return True
 
 

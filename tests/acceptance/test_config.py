@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from roadie.cli.main import app
@@ -17,6 +20,7 @@ from roadie.config import check_file, load_settings
 from roadie.errors import ConfigError
 from roadie.runtime import engine_options
 from roadie.store import Store
+from tests.databases import Database, check_reachable
 
 runner = CliRunner()
 
@@ -159,3 +163,33 @@ def test_workers_lists_a_worker_an_unchecked_file_registered(folder: Path) -> No
     assert code == 0, out
     found = {w["worker_id"]: w["concurrency"] for w in json.loads(out)}
     assert found == {"w-bad": 0, "w-good": 4}
+
+
+@pytest.fixture
+def postgresql(tmp_path: Path) -> Iterator[str]:
+    """A fresh PostgreSQL database's URL (the suite's planted password in it)."""
+    problem = check_reachable("postgresql")
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    database = Database("postgresql")
+    yield database.fresh(tmp_path)
+    database.drop_all()
+
+
+def test_postgresql_urls_as_libpq_and_hosting_providers_write_them(folder: Path, postgresql: str) -> None:
+    """Before: several hosts in libpq's comma form were a ValueError traceback (exit 1),
+    and `postgres://` 'no database Roadie can use' (exit 78). Now both open the database:
+    the hosts are tried in order, the first refusing connections."""
+    server = make_url(postgresql)
+    several = postgresql.replace(f"@{server.host}:{server.port}/", f"@127.0.0.1:1,{server.host}:{server.port}/")
+    for url in (several + "?target_session_attrs=read-write", postgresql.replace("postgresql://", "postgres://")):
+        code, out = roadie("init", "--database-url", url)
+        assert code == 0, out
+        code, out = roadie("run", "list", "--database-url", url)
+        assert code == 0, out
+    code, out = roadie("run", "list", "--database-url", several.replace(f"{server.host}:{server.port}", "127.0.0.1:2"))
+    assert code == 69, out
+    [line] = out.strip().splitlines()
+    assert "Connection refused" in line

@@ -106,3 +106,73 @@ def test_postgresql_gets_array_parameters_in_binary() -> None:
             await engine.dispose()
 
     assert asyncio.run(main()) == ("ListBinaryDumper", '{"a":"b\\"c"}')
+
+
+def _postgresql_or_skip() -> None:
+    problem = check_reachable("postgresql")
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+
+
+@pytest.mark.parametrize(
+    ("url", "read"),
+    [
+        (
+            "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
+            "postgresql://u@/db?host=h1,h2&port=5432,5433&target_session_attrs=read-write",
+        ),
+        ("postgresql://u:p@h1,h2/db", "postgresql://u:p@/db?host=h1,h2"),
+        ("postgresql://u@[::1]:5432,h2:5432/db", "postgresql://u@/db?host=::1,h2&port=5432,5432"),
+        ("postgres://u:p@h:5432/db", "postgresql://u:p@h:5432/db"),
+        ("postgres+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgres://u@h1,h2/db", "postgresql://u@/db?host=h1,h2"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("mysql://root@h:3306/db", "mysql://root@h:3306/db"),
+        ("sqlite:///roadie.db", "sqlite:///roadie.db"),
+    ],
+)
+def test_libpq_forms_of_a_postgresql_url_are_read_as_libpq_reads_them(url: str, read: str) -> None:
+    """Several hosts in libpq's comma form, and the scheme `postgres://` that hosting
+    providers hand out, are what SQLAlchemy reads; they were a ValueError traceback and
+    'no database Roadie can use'."""
+    assert dialects.normal_url(url) == read
+    assert dialects.parse_url(url).get_backend_name() in ("postgresql", "mysql", "sqlite")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://u@h1:port,h2/db", "host 'h1:port' is not host:port"),
+        ("postgresql://u@h1,h2/db?host=h3", "gives its hosts twice"),
+        ("postgresql://u:planted@h:notaport/db", "is not a database URL"),
+    ],
+)
+def test_a_url_whose_hosts_cannot_be_read_is_named_without_its_password(url: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says) as caught:
+        dialects.create_engine(url)
+    assert "planted" not in caught.value.message
+
+
+def test_several_hosts_are_tried_in_order_the_first_down() -> None:
+    """With the first host refusing connections, the second is connected to, and
+    `target_session_attrs` reaches libpq."""
+    _postgresql_or_skip()
+    server = make_url(SERVERS["postgresql"])
+    url = server.render_as_string(hide_password=False).replace(
+        f"@{server.host}:{server.port}/", f"@127.0.0.1:1,{server.host}:{server.port}/"
+    )
+    assert "127.0.0.1:1," in url, "the first host is the one that refuses"
+
+    async def main() -> tuple[str, bool]:
+        engine = dialects.create_engine(url + "?target_session_attrs=read-write")
+        try:
+            async with engine.connect() as conn:
+                found = await conn.exec_driver_sql("SELECT current_database(), pg_is_in_recovery()")
+                name, standby = found.one()
+                return name, standby
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(main()) == (server.database, False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -44,9 +45,53 @@ MYSQL_FAMILY = ("mysql", "mariadb")
 EXAMPLE_URLS = "sqlite:///roadie.db, postgresql://user@host/db or mysql://user@host/db (MariaDB)"
 
 
+# Scheme, user info, and the hosts part of a URL as SQLAlchemy's own pattern reads them
+# (a password holds anything but `@`); the hosts part ends at the path or the query.
+_AUTHORITY = re.compile(r"^(?P<scheme>[\w+]+)://(?P<userinfo>[^:/]*(?::[^@]*)?@)?(?P<hosts>[^/?]*)(?P<rest>.*)$", re.S)
+
+
+def normal_url(url: str) -> str:
+    """An operator's database URL as SQLAlchemy reads it. Two forms that libpq and
+    hosting providers hand out, which SQLAlchemy's `make_url` refuses, are rewritten:
+    the scheme `postgres://` is `postgresql://`, and several hosts in libpq's comma form
+    (`postgresql://u@h1:5432,h2:5432/db`, the first that answers, for a primary and its
+    standbys) go in the query as `?host=h1,h2&port=5432,5432`, which SQLAlchemy hands
+    to psycopg as one conninfo with several hosts, tried in order as libpq does
+    (`target_session_attrs` then picks among them)."""
+    match = _AUTHORITY.match(url)
+    if match is None:
+        return url
+    scheme, userinfo, hosts, rest = match.group("scheme", "userinfo", "hosts", "rest")
+    if scheme == "postgres" or scheme.startswith("postgres+"):
+        scheme = "postgresql" + scheme.removeprefix("postgres")
+    if "," in hosts and scheme.startswith("postgresql"):
+        names, ports = [], []
+        for entry in hosts.split(","):
+            name, _, port = entry.rpartition(":") if not entry.endswith("]") and ":" in entry else (entry, "", "")
+            if port and not port.isdigit():
+                raise ConfigError(f"the database URL's host {entry!r} is not host:port")
+            names.append(name.strip("[]"))
+            ports.append(port)
+        path, _, query = rest.partition("?")
+        if re.search(r"(^|&)(host|port)=", query):
+            raise ConfigError("the database URL gives its hosts twice: in the host part and in ?host= or ?port=")
+        listed = f"host={','.join(names)}" + (f"&port={','.join(ports)}" if any(ports) else "")
+        rest = f"{path or '/'}?{listed}" + (f"&{query}" if query else "")
+        hosts = ""
+    return f"{scheme}://{userinfo or ''}{hosts}{rest}"
+
+
+def parse_url(url: str) -> URL:
+    """`url` (`normal_url`) as SQLAlchemy's URL; one it cannot read is a `ConfigError`."""
+    try:
+        return make_url(normal_url(url))
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigError(f"{redacted(url)!r} is not a database URL; write e.g. {EXAMPLE_URLS}") from exc
+
+
 def async_url(url: str) -> str:
     """The URL an operator writes (`sqlite:///roadie.db`) as the async driver's URL."""
-    parsed = make_url(url)
+    parsed = parse_url(url)
     if "+" not in parsed.drivername:
         driver = ASYNC_DRIVERS.get(parsed.get_backend_name())
         if driver:
@@ -60,10 +105,8 @@ def async_url(url: str) -> str:
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """The engine for an operator's URL; a URL that names no database Roadie speaks is a
     `ConfigError` saying which it does."""
-    try:
-        backend = make_url(url).get_backend_name()
-    except ArgumentError as exc:
-        raise ConfigError(f"{url!r} is not a database URL; write e.g. {EXAMPLE_URLS}") from exc
+    url = normal_url(url)
+    backend = parse_url(url).get_backend_name()
     if backend not in ASYNC_DRIVERS:
         raise ConfigError(f"{url.split('://')[0]!r} is no database Roadie can use; write e.g. {EXAMPLE_URLS}")
     if backend in MYSQL_FAMILY:
@@ -305,8 +348,8 @@ def exists(url: str) -> bool:
     """Whether the database at `url` may already exist: false only for a SQLite file that
     is not there (a server's database is never made by opening it)."""
     try:
-        parsed = make_url(url)
-    except ArgumentError:
+        parsed = parse_url(url)
+    except ConfigError:
         return True  # let opening it say what is wrong with it
     path = sqlite_file(parsed)
     return path is None or path.exists()
@@ -356,8 +399,8 @@ def file_identity(url: URL) -> tuple[str, int, int] | None:
 def redacted(url: str) -> str:
     """`url` as it may be shown or logged: with its password, if it has one, as `***`."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+        return make_url(normal_url(url)).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError, ConfigError):
         return url.split("://")[0] + "://…" if "@" in url else url
 
 
