@@ -216,6 +216,10 @@ def test_help_lists_the_commands(workdir: Path) -> None:
     [
         ("postgresql://nobody:planted-secret@127.0.0.1:1/x", "Connection refused", 69),
         ("mysql://root:planted-secret@127.0.0.1:1/x", "Can't connect", 69),
+        ("postgresql://nobody@127.0.0.1:1/x?password=planted-secret", "Connection refused", 69),
+        ("postgresql://nobody@127.0.0.1:1,127.0.0.1:2/x?password=planted-secret", "Connection refused", 69),
+        ("mysql://root@127.0.0.1:1/x?password=planted-secret", "Can't connect", 69),
+        ("postgresql://nobody@127.0.0.1:port/x?password=planted-secret", "is not a database URL", 78),
         ("sqlite:///{tmp}/no/such/folder/roadie.db", "/no/such/folder does not exist; create it", 69),
         ("bogus://planted-secret@x", "is no database Roadie can use", 78),
         ("not a url", "is not a database URL", 78),

@@ -20,7 +20,8 @@ from roadie.config import check_file, load_settings
 from roadie.errors import ConfigError
 from roadie.runtime import engine_options
 from roadie.store import Store
-from tests.databases import Database, check_reachable
+from roadie.store.dialects import redacted
+from tests.databases import PLANTED_PASSWORD, Database, check_reachable
 
 runner = CliRunner()
 
@@ -193,3 +194,22 @@ def test_postgresql_urls_as_libpq_and_hosting_providers_write_them(folder: Path,
     assert code == 69, out
     [line] = out.strip().splitlines()
     assert "Connection refused" in line
+
+
+def test_a_password_in_the_query_is_never_shown(folder: Path, postgresql: str) -> None:
+    """Before: `?password=...` (libpq's own parameter, and the form some tools write) was
+    printed by `roadie init`, the worker's first line and every connection error. The
+    suite's planted password is now in the query; the check that no command prints it
+    is tests/conftest.py's."""
+    server = make_url(postgresql)
+    assert server.password == PLANTED_PASSWORD
+    url = server.set(password=None).update_query_dict({"password": PLANTED_PASSWORD})
+    given = url.render_as_string(hide_password=False)
+    assert PLANTED_PASSWORD in given
+    code, out = roadie("init", "--database-url", given)
+    assert (code, out.strip()) == (0, f"database ready: {redacted(given)}"), out
+    assert "password=***" in out
+    code, out = roadie("run", "list", "--database-url", given.replace(f":{server.port}/", ":1/"))
+    assert code == 69, out
+    assert "password=***" in out
+    assert redacted(f"postgresql://u@h:port/db?password={PLANTED_PASSWORD}") == "postgresql://…"

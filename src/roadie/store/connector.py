@@ -76,7 +76,7 @@ class Connector:
         if missing is not None:
             await engine.dispose()
             raise StoreError(
-                f"cannot open the database {engine.url.render_as_string(hide_password=True)}: its folder "
+                f"cannot open the database {dialects.redacted(engine.url)}: its folder "
                 f"{missing} does not exist; create it, or correct the URL "
                 "(--database-url, ROADIE_DATABASE_URL or roadie.toml)"
             )
@@ -87,14 +87,12 @@ class Connector:
                 await store.migrate()
             except migrate.MigrationLockHeld as exc:
                 await engine.dispose()
-                raise StoreError(
-                    f"cannot migrate the database {engine.url.render_as_string(hide_password=True)}: {exc}"
-                ) from exc
+                raise StoreError(f"cannot migrate the database {dialects.redacted(engine.url)}: {exc}") from exc
             except (DBAPIError, OSError, sqlite3.Error) as exc:
                 await engine.dispose()
                 where = "its folder exists and may be written" if store.dialect == "sqlite" else "its server is up"
                 raise StoreError(
-                    f"cannot open the database {engine.url.render_as_string(hide_password=True)}: "
+                    f"cannot open the database {dialects.redacted(engine.url)}: "
                     f"{dialects.describe_failure(exc)}; check that {where}, and the URL "
                     "(--database-url, ROADIE_DATABASE_URL or roadie.toml)"
                 ) from exc

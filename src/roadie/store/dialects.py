@@ -396,12 +396,26 @@ def file_identity(url: URL) -> tuple[str, int, int] | None:
     return str(path), found.st_dev, found.st_ino
 
 
-def redacted(url: str) -> str:
-    """`url` as it may be shown or logged: with its password, if it has one, as `***`."""
+# Query parameters the drivers take a password from (libpq's, and MySQL's); a URL may
+# carry its password there instead of before the `@`.
+SECRET_QUERY_KEYS = frozenset({"password", "passwd", "sslpassword"})
+
+
+def redacted(url: str | URL) -> str:
+    """`url` as it may be shown or logged: its password, if it has one, as `***`, whether
+    it is given before the `@` or in the query (`?password=...`). A list in the query
+    (`?host=h1,h2`) is shown with its commas."""
     try:
-        return make_url(normal_url(url)).render_as_string(hide_password=True)
+        parsed = url if isinstance(url, URL) else make_url(normal_url(url))
     except (ArgumentError, ValueError, ConfigError):
-        return url.split("://")[0] + "://…" if "@" in url else url
+        text = str(url)
+        hidden = "@" in text or any(key in text.lower() for key in ("pass", "secret"))
+        return text.split("://")[0] + "://…" if hidden else text
+    secret = [key for key in parsed.query if key.lower() in SECRET_QUERY_KEYS]
+    if secret:
+        parsed = parsed.update_query_dict(dict.fromkeys(secret, "***"))
+    shown = parsed.render_as_string(hide_password=True)
+    return shown.replace("%2C", ",").replace("%3A", ":").replace("%2A%2A%2A", "***")
 
 
 def missing_folder(url: URL) -> Path | None:
