@@ -293,3 +293,20 @@ def test_a_port_in_use_is_one_line(folder: Path, command: str) -> None:
     assert code == 69, out
     [line] = out.strip().splitlines()
     assert line.startswith(f"error cannot listen on 127.0.0.1:{port}: Address already in use"), line
+
+
+def test_wait_exits_1_when_the_cleanup_is_held_as_roadie_cleanup_does(folder: Path) -> None:
+    """Before: `run start --wait` exited 0 for a run that succeeded while its cleanup was
+    held over a module's cap, with the world not restored, where `roadie cleanup` of the
+    same run exits 1. Now it exits 1 too, and its help says so."""
+    (folder / "roadie.toml").write_text('[engine.cleanup_caps]\nsandbox = 1\n[modules.sandbox]\ndb = "w.db"\n')
+    (folder / "quick.yaml").write_text(QUICK_EVENT)
+    code, out = roadie("run", "start", "quick.yaml", "--wait")
+    assert "run 1 of 'quick-raid': succeeded, cleanup held" in out, out
+    assert code == 1, out
+    code, out = roadie("cleanup", "1")
+    assert (code, "held" in out) == (1, True), out
+    code, out = roadie("cleanup", "1", "--confirm")
+    assert code == 0, out
+    code, out = roadie("run", "start", "--help")
+    assert "held" in " ".join(out.split()), out

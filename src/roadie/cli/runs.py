@@ -33,7 +33,7 @@ from roadie.cli.common import (
     styled,
 )
 from roadie.cli.events import apply_event
-from roadie.states import RunStatus
+from roadie.states import CleanupStatus, RunStatus
 
 if TYPE_CHECKING:
     import asyncio
@@ -63,8 +63,9 @@ def run_start(
     wait: bool = typer.Option(
         False,
         "--wait",
-        help="Work the run here until it ends and is cleaned up. Ctrl-C stops working it once what is in flight "
-        "has answered, and says what it leaves to the workers.",
+        help="Work the run here until it ends and is cleaned up; exit 1 if it did not succeed, or if its cleanup "
+        "ended held (over a cap), incomplete or rolled back, as `roadie cleanup` does. Ctrl-C stops working it once "
+        "what is in flight has answered, and says what it leaves to the workers.",
     ),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
@@ -107,8 +108,13 @@ def run_start(
         console.print(
             line(f"run {run.id} of {run.event_id!r}: ", styled(run.status), ", cleanup ", styled(run.cleanup_status))
         )
-    if wait and run.status != "succeeded":
+    if wait and (run.status != "succeeded" or run.cleanup_status in UNRESTORED):
         raise typer.Exit(1)
+
+
+# A cleanup that ended so leaves the world not restored: `--wait` exits 1, as `roadie
+# cleanup` does. `pending` is not among them: a manual run's cleanup waits for a person.
+UNRESTORED = frozenset({CleanupStatus.HELD.value, CleanupStatus.INCOMPLETE.value, CleanupStatus.ROLLED_BACK.value})
 
 
 @dataclass
