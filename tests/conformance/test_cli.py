@@ -94,3 +94,24 @@ def test_roadie_secret_prints_a_new_standard_webhooks_secret() -> None:
     assert first.startswith("whsec_")
     assert first != second
     assert len(protocol.secret_bytes(first)) == 32
+
+
+def test_pull_with_no_module_gives_up_after_the_timeout_given() -> None:
+    """Before: `--pull --timeout 10` with no module polling ran for 141 s (the module's
+    announcement was awaited 60 s, whatever --timeout said, then again by every retry
+    until the rule's own limit). Now it waits --timeout seconds once, and every rule
+    says no module announced itself."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    started = time.monotonic()
+    result = runner.invoke(
+        app, ["conformance", "--pull", f"http://127.0.0.1:{port}", "--secret", SECRET, "--timeout", "2", "--json"]
+    )
+    took = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    assert "no module announced itself within 2s" in result.stdout
+    assert took < 15, f"{took:.0f} s with --timeout 2"
+    assert "announce" in " ".join(runner.invoke(app, ["conformance", "--help"]).output.split())

@@ -76,7 +76,12 @@ def conformance(
     module: str | None = typer.Option(
         None, "--module", help="With --pull: the module's name. Without a URL: the module of roadie.toml to check."
     ),
-    timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for each answer."),
+    timeout: float = typer.Option(
+        30.0,
+        "--timeout",
+        min=0.1,
+        help="Seconds to wait for each answer; with --pull, also for the module to announce itself.",
+    ),
     config: str | None = ConfigOption,
 ) -> None:
     """Check a module server against the remote protocol, or (no URL, --module NAME) a
@@ -115,6 +120,7 @@ def conformance(
         pull=pull,
         module=module,
         timeout=timeout,
+        announce_timeout=timeout,
         rules=rule or None,
     )
     try:

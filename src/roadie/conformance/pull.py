@@ -100,6 +100,7 @@ class QueueTransport:
         self.options = options
         self.manifest: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.gateway: _ForgingGateway | None = None
+        self.gave_up = ""  # why no module is awaited any more
 
     async def forged_polls(self, calls: list[tuple[str, protocol.PulledCall]]) -> list[int]:
         """Answer the module's next polls with `calls` (how each is forged, and the call),
@@ -126,10 +127,16 @@ class QueueTransport:
             self.manifest.set_result(manifest.model_dump(mode="json"))
 
     async def _module(self) -> dict[str, Any]:
+        """The module's manifest, once it has announced itself. It is waited for once, up
+        to `announce_timeout`: every call after that fails at once, not by waiting as long
+        again (a check's retries had a run with no module last 141 s)."""
+        if self.gave_up:
+            raise TransportFailed(self.gave_up)
         try:
             return await asyncio.wait_for(asyncio.shield(self.manifest), self.options.announce_timeout)
         except TimeoutError:
-            raise TransportFailed(f"no module announced itself within {self.options.announce_timeout:.0f}s") from None
+            self.gave_up = f"no module announced itself within {self.options.announce_timeout:g}s"
+            raise TransportFailed(self.gave_up) from None
 
     async def call(self, kind: Kind, body: Any, *, headers: Mapping[str, str] | None = None) -> tuple[int, Any]:
         manifest = await self._module()
