@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -310,3 +311,32 @@ def test_wait_exits_1_when_the_cleanup_is_held_as_roadie_cleanup_does(folder: Pa
     assert code == 0, out
     code, out = roadie("run", "start", "--help")
     assert "held" in " ".join(out.split()), out
+
+
+def test_cleanup_verify_exits_1_when_something_came_back_and_says_so(folder: Path) -> None:
+    """The world comes back from a save made before the cleanup: `cleanup --verify` finds
+    what came back, reverts it again and exits 1 (the cleanup is rolled back, not
+    complete); the next round reads it back clean and exits 0. Its help says so, as
+    the docs do."""
+    (folder / "roadie.toml").write_text('[modules.sandbox]\ndb = "w.db"\n')
+    (folder / "manual.yaml").write_text(QUICK_EVENT.replace("cleanup: auto", "cleanup: manual"))
+    code, out = roadie("run", "start", "manual.yaml", "--wait")
+    assert code == 0, out
+    save = folder / "save"
+    save.mkdir()
+    for file in folder.glob("w.db*"):
+        shutil.copy(file, save / file.name)
+    code, out = roadie("cleanup", "1")
+    assert (code, "verified clean" in out) == (0, True), out
+    for file in folder.glob("w.db*"):
+        file.unlink()
+    for file in save.iterdir():
+        shutil.copy(file, folder / file.name)
+    code, out = roadie("cleanup", "1", "--verify")
+    assert (code, "came back" in out) == (1, True), out
+    code, out = roadie("cleanup", "1")
+    assert (code, "verified clean" in out) == (0, True), out
+    code, out = roadie("cleanup", "--help")
+    said = " ".join(out.split())
+    assert "exit 1" in said, out
+    assert "came back" in said, out

@@ -40,7 +40,8 @@ def cleanup(
     verify: bool = typer.Option(
         False,
         "--verify",
-        help="Another round now, also for a complete run: read the world back, and revert again what came back.",
+        help="Another round now, also for a complete run: read the world back, and revert again what came back; "
+        "exit 1 if anything came back (the cleanup is then rolled_back, and the next round reads it back).",
     ),
     confirm: bool = typer.Option(
         False, "--confirm", help="Go ahead though a module has more to revert than its cap (audited)."
@@ -50,7 +51,11 @@ def cleanup(
     config: str | None = ConfigOption,
 ) -> None:
     """Revert everything a run left in the world, newest first, then read the world back
-    and report a verdict: verified clean, partially rolled back, or unverified."""
+    and report a verdict: verified clean, partially rolled back, or unverified.
+
+    Exit 0 when the cleanup ends complete; exit 1 when it does not: held over a cap,
+    incomplete, or rolled back (something came back, with --verify or without).
+    """
 
     async def work(ctx: Context) -> Any:
         if plan:
