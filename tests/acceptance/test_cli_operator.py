@@ -340,3 +340,25 @@ def test_cleanup_verify_exits_1_when_something_came_back_and_says_so(folder: Pat
     said = " ".join(out.split())
     assert "exit 1" in said, out
     assert "came back" in said, out
+
+
+def test_database_url_and_config_are_taken_before_the_command_too(folder: Path) -> None:
+    """Before: `roadie --database-url X run list` was 'No such option' (the options were
+    the subcommands' only). Now they are taken before the command as well, for it, and a
+    command's own wins; --help lists them."""
+    first, second = folder / "first.db", folder / "second.db"
+    code, out = roadie("--database-url", f"sqlite:///{first}", "init")
+    assert code == 0, out
+    assert first.exists()
+    code, out = roadie("--database-url", f"sqlite:///{first}", "run", "list", "--json")
+    assert (code, out.strip(), "no database here yet" in out) == (0, "[]", False), out
+    code, out = roadie("--database-url", f"sqlite:///{first}", "init", "--database-url", f"sqlite:///{second}")
+    assert (code, second.exists()) == (0, True), out
+    (folder / "conf.toml").write_text(f'database_url = "sqlite:///{folder / "third.db"}"\n')
+    code, out = roadie("--config", "conf.toml", "init")
+    assert (code, (folder / "third.db").exists()) == (0, True), out
+    code, out = roadie("--config", "missing.toml", "run", "list")
+    assert (code, "missing.toml: no such configuration file" in out) == (78, True), out
+    code, out = roadie("--help")
+    assert "--database-url" in out
+    assert "--config" in out

@@ -53,8 +53,27 @@ def group(help: str) -> typer.Typer:
     return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
 
 
-DatabaseOption = typer.Option(None, "--database-url", help="Database URL (env ROADIE_DATABASE_URL; roadie.toml).")
-ConfigOption = typer.Option(None, "--config", help="Configuration file (default ./roadie.toml; env ROADIE_CONFIG).")
+def _or_given_before(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    """A command's own --database-url or --config; else the one given before the command
+    (`roadie --database-url X run list`), which the app's callback keeps in `ctx.obj`."""
+    if value is not None:
+        return value
+    given = ctx.find_root().obj
+    return given.get(param.name) if isinstance(given, dict) else None
+
+
+DatabaseOption = typer.Option(
+    None,
+    "--database-url",
+    callback=_or_given_before,
+    help="Database URL (env ROADIE_DATABASE_URL; roadie.toml). Also taken before the command.",
+)
+ConfigOption = typer.Option(
+    None,
+    "--config",
+    callback=_or_given_before,
+    help="Configuration file (default ./roadie.toml; env ROADIE_CONFIG). Also taken before the command.",
+)
 JsonOption = typer.Option(False, "--json", help="Print JSON for scripts, errors included.")
 
 # Exit codes by kind of failure, after BSD's sysexits.h, so a script or a service manager

@@ -51,12 +51,28 @@ def _version(asked: bool) -> None:
 
 @app.callback()
 def main(
+    ctx: typer.Context,
+    database_url: str | None = typer.Option(
+        None,
+        "--database-url",
+        help="Database URL for the command that follows, as its own --database-url (which wins) "
+        "(env ROADIE_DATABASE_URL; roadie.toml).",
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        help="Configuration file for the command that follows, as its own --config (which wins) "
+        "(default ./roadie.toml; env ROADIE_CONFIG).",
+    ),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
     log_json: bool = typer.Option(False, "--log-json", help="Log as JSON lines on stderr."),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print Roadie's version and exit."
     ),
 ) -> None:
+    """--database-url and --config given here stand for every command that is not given
+    its own (`common.DatabaseOption`)."""
+    ctx.obj = {"database_url": database_url, "config": config}
     _logging.update(level=log_level, json=log_json)
 
 
