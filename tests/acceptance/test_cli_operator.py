@@ -362,3 +362,36 @@ def test_database_url_and_config_are_taken_before_the_command_too(folder: Path) 
     code, out = roadie("--help")
     assert "--database-url" in out
     assert "--config" in out
+
+
+NO_DEFAULT_EVENT = """\
+id: doubled
+params:
+  n: {type: int}
+phases:
+  - name: only
+    steps:
+      - action: sandbox.broadcast
+        with: {message: "{{ n * 2 }} orcs"}
+"""
+
+
+def test_a_param_without_a_default_must_be_given(folder: Path) -> None:
+    """Before: a param with no default and not `required` was None when not given, and the
+    run failed in its template with `TypeError: unsupported operand type(s) for *:
+    'NoneType' and 'int'`, naming no param. Now a param without a default must be given:
+    the start is refused before a run exists, naming it (and a schedule that does not
+    give it is refused when the file is checked)."""
+    (folder / "doubled.yaml").write_text(NO_DEFAULT_EVENT)
+    code, out = roadie("run", "start", "doubled.yaml", "--wait")
+    assert code == 65, out
+    assert "param 'n' is required: it has no default" in out
+    code, out = roadie("run", "list", "--json")
+    assert json.loads(out) == []
+    code, out = roadie("run", "start", "doubled", "-p", "n=3", "--wait")
+    assert code == 0, out
+    scheduled = NO_DEFAULT_EVENT.replace("phases:", "schedule: {at: ['2031-01-01T00:00:00Z']}\nphases:", 1)
+    (folder / "scheduled.yaml").write_text(scheduled)
+    code, out = roadie("event", "validate", "scheduled.yaml")
+    assert code == 65, out
+    assert "param 'n' is required: it has no default" in out

@@ -551,14 +551,16 @@ def test_render_refuses_a_bad_rendered_value(registry: Registry) -> None:
     ]
 
 
-def test_render_refuses_missing_param_value(registry: Registry) -> None:
-    """A param left without a value renders to None, which a `str` parameter refuses."""
-    definition = load_definition(HARVEST.replace("    default: sheep\n", ""), "h.yaml", registry)
-    with pytest.raises(DefinitionError) as caught:
-        render(definition, definition.resolve_params({"rate": 1.0}), registry)
-    assert [(p.field, p.message) for p in caught.value.problems] == [
-        ("phases[1].steps[0].with.creature", "Input should be a valid string")
-    ]
+def test_a_param_without_a_default_is_required(registry: Registry) -> None:
+    """A param without a default must be given, even marked `required: false`: it was
+    None, and a template using it failed naming no param. One given renders as before."""
+    text = HARVEST.replace("    default: sheep\n", "    required: false\n")
+    definition = load_definition(text, "h.yaml", registry)
+    assert definition.params["creature"].required
+    with pytest.raises(ValueError, match="param 'creature' is required: it has no default"):
+        definition.resolve_params({"rate": 1.0})
+    given = render(definition, definition.resolve_params({"rate": 1.0, "creature": "sheep"}), registry)
+    assert given.phases[1].steps[0].params["creature"] == "sheep"
 
 
 def test_render_refuses_unsafe_attribute_access(registry: Registry) -> None:

@@ -90,6 +90,16 @@ class ParamSpec(_Strict):
             raise ValueError(f"param {name!r} must be one of {self.choices}, got {value!r}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _required_without_a_default(cls, data: Any) -> Any:
+        # A param with nothing to fall back on must be given, whatever `required` says:
+        # left out, it was None, and a template using it failed naming no param
+        # (`unsupported operand type(s) for *: 'NoneType' and 'int'`).
+        if isinstance(data, dict) and data.get("default") is None:
+            return {**data, "required": True}
+        return data
+
     @model_validator(mode="after")
     def _default_fits(self) -> ParamSpec:
         if self.default is not None:
@@ -256,10 +266,8 @@ def _resolve_params(specs: dict[str, ParamSpec], given: dict[str, Any]) -> dict[
             resolved[name] = spec.coerce(name, given[name])
         elif spec.default is not None:
             resolved[name] = spec.default
-        elif spec.required:
-            raise ValueError(f"param {name!r} is required")
-        else:
-            resolved[name] = None
+        else:  # no default: `ParamSpec` makes such a param required
+            raise ValueError(f"param {name!r} is required: it has no default")
     return resolved
 
 
