@@ -110,3 +110,12 @@ def test_the_alert_rules_name_metrics_roadie_serves(tmp_path: Path) -> None:
     for expr in exprs:
         for name in re.findall(r"\broadie_\w+", expr):
             assert name in served, f"{name} in {expr!r} is not served"
+
+
+def test_no_unit_points_at_documentation_the_installation_does_not_put_there() -> None:
+    """Before: every unit said `Documentation=file:///opt/roadie/docs/deploy.md`, which no
+    step of docs/deploy.md installs (the package carries no docs), so `systemctl status`
+    pointed at nothing. A unit names no local file as its documentation."""
+    for unit in UNITS:
+        named = _unit(unit).get("Unit", "Documentation", fallback="").split()
+        assert [d for d in named if d.startswith("file:")] == [], unit.name
