@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from roadie.errors import ConfigError
@@ -88,6 +88,22 @@ class ModuleTable(BaseModel):
         if isinstance(value, list) and all(isinstance(s, str) for s in value):
             return value
         raise ValueError("should be a string, or a list of strings while one is rotated out")
+
+    @model_validator(mode="after")
+    def _console_keys(self) -> ModuleTable:
+        # A console module's keys (roadie.consoles), checked only in a table that names a
+        # `console` definition: elsewhere `address` or `timeout` is the module's own.
+        extra = self.model_extra or {}
+        if "console" not in extra:
+            return self
+        for key in ("console", "address", "password_env", "password_file", "password"):
+            if key in extra and (not isinstance(extra[key], str) or not extra[key]):
+                shown = "" if key == "password" else f", not {_shown(extra[key])}"
+                raise ValueError(f"{key} should be a non-empty string{shown}")
+        timeout = extra.get("timeout", 1.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"timeout should be a number of seconds over 0, not {_shown(timeout)}")
+        return self
 
 
 class ConfigFile(BaseModel):
@@ -164,7 +180,7 @@ def _problem(error: ErrorDetails) -> str:
     if error["type"] == "extra_forbidden":
         return f"{where}: unknown key{_did_you_mean(loc)}"
     message = error["msg"].removeprefix("Value error, ")
-    if error["type"] != "missing" and "secret" not in loc:  # a secret is never shown
+    if error["type"] not in ("missing", "value_error") and "secret" not in loc:  # a secret is never shown
         message += f", not {_shown(error['input'])}"
     return f"{where}: {message}"
 

@@ -77,6 +77,11 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             "modules.world.secret: should be a string, or a list of strings while one is rotated out",
         ),
         ('[[webhooks]]\nname = "ops"\nurl = "ftp://x"\n', "webhooks[0].url"),
+        (
+            '[modules.game]\nconsole = "game.toml"\ntimeout = "abc"\n',
+            "modules.game: timeout should be a number of seconds over 0, not 'abc'",
+        ),
+        ('[modules.game]\nconsole = "game.toml"\naddress = 27015\n', "modules.game: address should be a non-empty"),
     ],
 )
 def test_a_mistake_in_roadie_toml_is_one_line_naming_the_key_and_exit_78(folder: Path, toml: str, says: str) -> None:
@@ -98,11 +103,15 @@ def test_a_mistake_in_roadie_toml_is_one_line_naming_the_key_and_exit_78(folder:
     assert sorted(p.name for p in folder.iterdir()) == ["roadie.toml"], "nothing is made or written"
 
 
-def test_a_secret_of_the_wrong_type_is_not_shown() -> None:
-    """A module's secret given as a number is refused without printing it."""
-    folder_toml = {"modules": {"world": {"url": "http://x", "secret": 987654321}}}
+@pytest.mark.parametrize(
+    "table",
+    [{"url": "http://x", "secret": 987654321}, {"console": "game.toml", "password": 987654321}],
+)
+def test_a_secret_of_the_wrong_type_is_not_shown(table: dict[str, object]) -> None:
+    """A module's secret or a console's password given as a number is refused without
+    printing it."""
     with pytest.raises(ConfigError) as caught:
-        check_file(folder_toml, "roadie.toml")
+        check_file({"modules": {"world": table}}, "roadie.toml")
     assert "987654321" not in caught.value.message
 
 
@@ -126,7 +135,7 @@ def test_a_good_file_is_read_as_written(folder: Path) -> None:
         "[engine]\nconcurrency = 8\nclaim_ttl = 30\npoll_interval = 0.5\ncleanups = 2\nsweep_interval = 0\n"
         "cleanup_cap = 500\nclaim_ahead = 0\nseed = 7\n"
         "[engine.cleanup_caps]\nsandbox = 2000\n"
-        '[modules.sandbox]\ndb = "w.db"\nanything = {nested = [1, "two"]}\n'
+        '[modules.sandbox]\ndb = "w.db"\nanything = {nested = [1, "two"]}\ntimeout = "its own"\naddress = 5\n'
         '[modules.world]\nurl = "http://10.0.0.5:7300"\nsecret = ["whsec_a", "whsec_b"]\nconnect_timeout = 2\n'
         "read_timeout = 30.0\ncall_timeout = 60\nmax_connections = 10\n"
         '[modules.luamod]\ntransport = "pull"\nsecret_env = "LUA_SECRET"\n'
@@ -137,7 +146,12 @@ def test_a_good_file_is_read_as_written(folder: Path) -> None:
     settings = load_settings()
     assert settings.database_url == "sqlite:///other.db"
     assert settings.engine["claim_ttl"] == 30
-    assert settings.modules["sandbox"] == {"db": "w.db", "anything": {"nested": [1, "two"]}}
+    assert settings.modules["sandbox"] == {
+        "db": "w.db",
+        "anything": {"nested": [1, "two"]},
+        "timeout": "its own",
+        "address": 5,
+    }
     assert settings.modules["mygame"] == {"import": "mygame.roadie_module:module"}
     options = engine_options(settings)
     assert (options.concurrency, options.claim_ttl, options.sweep_interval) == (8, 30.0, 0)
