@@ -91,13 +91,16 @@ def test_a_mistake_in_roadie_toml_is_one_line_naming_the_key_and_exit_78(folder:
     sqlite:///roadie.db, `concurency = 4` ran with 32). Now each is one line naming the
     key, for a command that only reads and for a worker alike, and nothing is made."""
     (folder / "roadie.toml").write_text(toml)
-    for command in (["run", "list"], ["worker"], ["init"]):
+    commands = [["worker"], ["init"], ["workers"]]
+    if not toml.startswith("[[webhooks]]"):  # `run list` reads the store alone: it sends no webhook
+        commands.append(["run", "list"])
+    for command in commands:
         code, out = roadie(*command)
         assert code == 78, (command, out)
         [line] = out.strip().splitlines()
         assert line.startswith("error roadie.toml: "), line
         assert says in line, line
-    code, out = roadie("run", "list", "--json")
+    code, out = roadie("workers", "--json")
     error = json.loads(out)["error"]
     assert (code, error["kind"]) == (78, "config")
     assert sorted(p.name for p in folder.iterdir()) == ["roadie.toml"], "nothing is made or written"
