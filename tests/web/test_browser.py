@@ -259,9 +259,10 @@ def test_ten_live_tabs_share_one_stream_and_an_eleventh_page_loads_at_once(serve
                 tab = context.new_page()
                 tab.goto(base + path)
                 tabs.append(tab)
-            # Every tab's page is drawn and has told the worker what it follows.
+            # Every tab's page is drawn and follows what it shows.
             for tab in tabs:
                 expect(tab.locator("[data-live]")).to_have_count(1)
+                tab.wait_for_selector("html[data-stream-state=open]")
             streams = first.evaluate(
                 """() => performance.getEntriesByType("resource").map(e => e.name)
                    .filter(n => n.includes("/live/")).length"""

@@ -320,6 +320,7 @@ class Engine(Drain):
             log.info("worker stopped", worker=self.worker_id, released_steps=released[0], released_cleanups=released[1])
 
     async def _work_forever(self) -> None:
+        failing = False
         while not self._stopping.is_set():
             lost = self.store.file_lost()
             if lost is not None:
@@ -327,10 +328,13 @@ class Engine(Drain):
                 raise DatabaseLost(f"{lost} while this worker ran: it stopped, as its work would be lost")
             try:
                 due = await self.tick()
+                failing = False
             except StoreError as exc:
                 # The database went away for a moment (locked, restarting): nothing is
-                # lost, because nothing is kept outside it. Look again shortly.
-                log.warning("tick failed; retrying", error=exc.message)
+                # lost, because nothing is kept outside it. Look again shortly; said once
+                # for as long as it lasts.
+                (log.debug if failing else log.warning)("tick failed; retrying", error=exc.message)
+                failing = True
                 due = None
             wait = self.options.poll_interval
             if due is not None:

@@ -11,6 +11,7 @@ import asyncio
 import os
 import random
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Self
@@ -60,6 +61,9 @@ class Connector:
         self.dialect = engine.dialect.name
         self.write_point: WritePoint = write_point or (lambda name: None)
         self.active = 0  # database calls under way, for callers (tests) that must know
+        # Since when connections have been lost without one made again: an outage is said
+        # when it begins and when it ends, not at every read that meets it.
+        self._lost_since: float | None = None
         self._file: tuple[str, int, int] | None = None  # a SQLite file's path, device and inode
         self._closed = False
         event.listen(engine.sync_engine, "checkin", self._checked_in)
@@ -172,6 +176,8 @@ class Connector:
                         committing = True
                 for done in committed:
                     done()
+                if self._lost_since is not None:
+                    self._connected_again()
                 return result
             except DBAPIError as exc:
                 if not committing and lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
@@ -199,7 +205,10 @@ class Connector:
             try:
                 async with self.engine.connect() as conn:
                     await conn.execution_options(**{dialects.READ_ONLY: True, dialects.ONE_STATEMENT: one_statement})
-                    return await work(conn)
+                    result = await work(conn)
+                if self._lost_since is not None:
+                    self._connected_again()
+                return result
             except DBAPIError as exc:
                 # A read changes nothing: after a lost connection it is always safe again.
                 if lost < CONNECTION_ATTEMPTS and dialects.is_connection_lost(self.dialect, exc):
@@ -212,8 +221,16 @@ class Connector:
 
     async def _reconnect_pause(self, name: str, lost: int, exc: DBAPIError) -> None:
         delay = min(RECONNECT_MAX_DELAY, 0.05 * 2 ** (lost - 1)) * random.uniform(0.5, 1.0)
-        log.warning("database connection lost; reconnecting", write=name, attempt=lost, error=str(exc.orig)[:200])
+        said = log.debug if self._lost_since is not None else log.warning
+        if self._lost_since is None:
+            self._lost_since = time.monotonic()
+        said("database connection lost; reconnecting", write=name, attempt=lost, error=str(exc.orig)[:200])
         await asyncio.sleep(delay)
+
+    def _connected_again(self) -> None:
+        assert self._lost_since is not None
+        log.warning("database connection made again", after=f"{time.monotonic() - self._lost_since:.1f}s")
+        self._lost_since = None
 
     async def ping(self) -> None:
         """One round trip to the database, for health checks."""

@@ -31,6 +31,7 @@ from roadie.web import api, bodies, dashboard, streams
 from roadie.web.auth import Forbidden, Unauthenticated, state_of
 from roadie.web.live import Broker
 from roadie.web.metrics import CONTENT_TYPE, Metrics
+from roadie.web.outage import DatabaseWatch, RefuseWhileDown
 from roadie.web.state import WebOptions, WebState
 
 log = structlog.get_logger(__name__)
@@ -69,9 +70,13 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
             if options.worker:
                 state.worker_task = asyncio.create_task(engine.run_forever(), name="roadie-worker")
                 state.worker_task.add_done_callback(_worker_ended)
+            state.database = DatabaseWatch(ctx.store)
+            watching = asyncio.create_task(state.database.run(), name="roadie-database-watch")
             try:
                 yield
             finally:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
                 if state.worker_task is not None:
                     engine.stop()
                     await asyncio.gather(state.worker_task, return_exceptions=True)
@@ -86,6 +91,7 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
         static_url="/static/api-docs",
     )
     app.add_middleware(bodies.BodyLimit, limit=_body_limits(options), refuse=_too_large)
+    app.add_middleware(RefuseWhileDown)  # answers at once while the database is unavailable
     app.add_middleware(SecurityHeaders)  # added last, so outermost: a 413 carries its headers too
     # Routes are matched in turn: the pages' few first (a page would be tried against
     # every API route before them; an API request passes the pages' quickly).
@@ -96,13 +102,21 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/healthz", tags=["health"])
-    async def healthz(request: Request) -> dict[str, Any]:
-        """Alive, and the database answers. No token needed."""
+    async def healthz(request: Request) -> JSONResponse:
+        """Alive, and the database answers: 200 with `{"status": "ok", "worker": ...}`, or
+        503 with `"status": "unavailable"` and the database's state (`lost`: its SQLite
+        file is gone; `unreachable`: its server does not answer) and why. No token needed."""
         state = state_of(request)
-        await state.store.ping()
         task = state.worker_task
         worker = "off" if task is None else ("stopped" if task.done() else "running")
-        return {"status": "ok", "worker": worker}
+        watch = state.database
+        if watch is None:  # an app whose lifespan did not run: ask the database itself
+            await state.store.ping()
+            return JSONResponse({"status": "ok", "worker": worker})
+        if watch.down() is None:
+            return JSONResponse({"status": "ok", "worker": worker})
+        body = {"status": "unavailable", "worker": worker, "database": watch.as_dict()}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics(request: Request) -> Response:
@@ -211,6 +225,10 @@ def _wants_html(request: Request) -> bool:
 async def _roadie_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RoadieError)
     code = status_of(exc)
+    if isinstance(exc, StoreError):
+        web = getattr(request.app.state, "web", None)
+        if web is not None and web.database is not None:
+            web.database.failed(exc)  # the next request is answered at once
     if _wants_html(request):
         if code == 401:
             return RedirectResponse("/login", status_code=303)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from roadie.engine.engine import settled
+from roadie.errors import StoreError
 from roadie.store import Store
 from roadie.store.rows import RunRow, StepRow
 
@@ -74,8 +75,11 @@ async def run_events(store: Store, broker: Broker, run_id: int, *, poll: float =
     last: dict[str, Any] | None = None
     quiet = 0.0
     while True:
-        run = await store.get_run(run_id)
-        now = summary(run, await store.list_steps(run_id))
+        try:
+            run = await store.get_run(run_id)
+            now = summary(run, await store.list_steps(run_id))
+        except StoreError:
+            return  # the database went: the stream ends, and the outage is said once elsewhere
         if now != last:
             yield _event("run", now)
             last, quiet = now, 0.0
@@ -95,12 +99,18 @@ async def watch_events(
     """`change` each time what `look()` answers differs from its last answer (the first is
     what the page was drawn from, and is not sent), woken early by news of `run_id`'s
     (default: any run's); it runs until the viewer leaves."""
-    last = await look()
+    try:
+        last = await look()
+    except StoreError:
+        return
     quiet = 0.0
     yield ": watching\n\n"
     while True:
         await broker.wait(run_id, poll)
-        now = await look()
+        try:
+            now = await look()
+        except StoreError:
+            return  # the database went: the stream ends, and the outage is said once elsewhere
         if now != last:
             yield _event("change", {})
             last, quiet = now, 0.0
@@ -111,12 +121,14 @@ async def watch_events(
             quiet = 0.0
 
 
-async def merged(streams: dict[str, AsyncIterator[str]]) -> AsyncIterator[str]:
+async def merged(streams: dict[str, AsyncIterator[str]], down: Callable[[], Any] | None = None) -> AsyncIterator[str]:
     """Many streams as one: each event of the stream subscribed as `key` is sent on with
     its data as `{"sub": key, "data": ...}`; it ends when every stream has. One connection
     then serves every live part of every tab of a browser (live-worker.js), where a stream
     each would pass the six connections a browser allows one host over HTTP/1.1 and stop
-    the site's next page from loading."""
+    the site's next page from loading. While `down()` says the database cannot be used, it
+    sends `outage` with what it says and ends: the browser looks at /healthz until it is
+    back, then opens the stream again."""
     queue: asyncio.Queue[tuple[str, str | None, str]] = asyncio.Queue()
 
     async def pump(key: str, stream: AsyncIterator[str]) -> None:
@@ -125,6 +137,8 @@ async def merged(streams: dict[str, AsyncIterator[str]]) -> AsyncIterator[str]:
                 if chunk.startswith("event: "):
                     name, _, rest = chunk[len("event: ") :].partition("\n")
                     await queue.put((key, name, rest.removeprefix("data: ").strip()))
+        except StoreError:
+            pass  # the database went: the outage is said once, by web/outage.py
         except Exception as exc:  # one stream's failure ends that one, not the others
             log.warning("live stream %s stopped: %s: %s", key, type(exc).__name__, exc)
         finally:
@@ -134,11 +148,19 @@ async def merged(streams: dict[str, AsyncIterator[str]]) -> AsyncIterator[str]:
     running = len(tasks)
     try:
         yield ": streaming\n\n"
+        quiet = 0.0
         while running:
+            outage = down() if down is not None else None
+            if outage is not None:
+                yield _event("outage", {"message": outage.message})
+                return
             try:
-                key, name, data = await asyncio.wait_for(queue.get(), KEEPALIVE)
+                key, name, data = await asyncio.wait_for(queue.get(), 1.0)
             except TimeoutError:
-                yield ": keepalive\n\n"
+                quiet += 1.0
+                if quiet >= KEEPALIVE:
+                    yield ": keepalive\n\n"
+                    quiet = 0.0
                 continue
             if name is None:
                 running -= 1

@@ -16,6 +16,7 @@ from roadie.store import Store
 from roadie.store.rows import TokenRow
 from roadie.web.live import Broker
 from roadie.web.metrics import Metrics
+from roadie.web.outage import DatabaseWatch
 
 
 @dataclass
@@ -85,6 +86,7 @@ class WebState:
     metrics: Metrics
     broker: Broker
     worker_task: asyncio.Task[Any] | None = None
+    database: DatabaseWatch | None = None  # whether the database can be used (web/outage.py)
     # Credentials checked a moment ago (`WebOptions.credentials_ttl`), by the hash of the
     # token or session cookie: a revocation or a sign-out here empties them at once; another
     # server process sees it within that moment.

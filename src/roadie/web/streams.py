@@ -89,4 +89,5 @@ async def streams(
             subscribed[key] = await watch_stream(state, "ledger", int(found["id"]))
         else:
             subscribed[key] = await watch_stream(state, found["list"], None)
-    return StreamingResponse(merged(subscribed), media_type="text/event-stream", headers=HEADERS)
+    down = state.database.down if state.database is not None else None
+    return StreamingResponse(merged(subscribed, down), media_type="text/event-stream", headers=HEADERS)

@@ -4,10 +4,14 @@
 // "ledger:5"...); the worker keeps ONE stream of all of them (/live/streams) and hands
 // each event to the tabs that follow it. A tab says goodbye when it goes, and pings while
 // it lives: one that stops pinging (closed without a word) is forgotten.
+// While the database is unavailable (the stream says `outage`, or fails), the worker asks
+// /healthz every few seconds, tells the tabs (which show a banner), and opens the stream
+// again once the database answers.
 var tabs = [];
 var source = null;
 var current = "";
 var pending = null;
+var checking = null;
 
 function wanted() {
   var keys = {};
@@ -19,14 +23,22 @@ function reconnect() {
   pending = null;
   var keys = wanted();
   var url = keys.length ? "/live/streams?" + keys.map(function (k) { return "s=" + encodeURIComponent(k); }).join("&") : "";
-  if (url === current) return;
+  if (url === current) {
+    // A tab that follows only what is followed already: the stream is open for it too.
+    if (source && source.readyState === 1) tellOpen();
+    return;
+  }
   if (source) source.close();
   source = null;
   current = url;
   if (!url) return;
   source = new EventSource(url);
-  source.onopen = function () { send(null, "open", null); };
-  source.onerror = function () { send(null, "error", null); };
+  source.onopen = function () {
+    tabs.forEach(function (tab) { tab.told = false; });
+    tellOpen();
+  };
+  source.onerror = function () { outage(null); };
+  source.addEventListener("outage", function (event) { outage(JSON.parse(event.data).data || null); });
   ["run", "end", "change"].forEach(function (name) {
     source.addEventListener(name, function (event) {
       var message = JSON.parse(event.data);
@@ -35,10 +47,45 @@ function reconnect() {
   });
 }
 
+function outage(said) {
+  if (source) source.close();
+  source = null;
+  current = "";
+  if (checking !== null) return;
+  check(said);
+}
+
+function check(said) {
+  checking = setTimeout(function () {
+    fetch("/healthz", { cache: "no-store" }).then(function (answer) {
+      return answer.json().then(function (health) { return { ok: answer.ok, health: health }; });
+    }).then(function (got) {
+      if (got.ok) {
+        checking = null;
+        send(null, "health", { ok: true });
+        reconnect();
+      } else {
+        var database = got.health.database || {};
+        send(null, "health", { ok: false, state: database.state, reason: database.reason });
+        check(null);
+      }
+    }).catch(function () {
+      send(null, "health", { ok: false, state: "unreachable", reason: "the server does not answer" });
+      check(null);
+    });
+  }, said === null ? 2000 : 0);
+}
+
 // The set of subscriptions changes in bursts (a tab opening sends its list once): wait a
 // moment, then open one stream for the new set.
 function soon() {
   if (pending === null) pending = setTimeout(reconnect, 50);
+}
+
+function tellOpen() {
+  tabs.forEach(function (tab) {
+    if (!tab.told) { tab.told = true; tab.port.postMessage({ sub: null, name: "open", data: null }); }
+  });
 }
 
 function send(sub, name, data) {
@@ -48,7 +95,7 @@ function send(sub, name, data) {
 }
 
 onconnect = function (event) {
-  var tab = { port: event.ports[0], subs: [], seen: Date.now() };
+  var tab = { port: event.ports[0], subs: [], seen: Date.now(), told: false };
   tabs.push(tab);
   tab.port.onmessage = function (message) {
     var said = message.data || {};

@@ -10,13 +10,40 @@
 
   function subs() { return Object.keys(handlers); }
 
+  // The banner said while the database is unavailable, above the page's content.
+  function banner(health) {
+    var shown = document.getElementById("outage");
+    if (health.ok) {
+      if (shown) shown.remove();
+      return;
+    }
+    if (!shown) {
+      shown = document.createElement("p");
+      shown.id = "outage";
+      shown.className = "card banner";
+      shown.setAttribute("role", "alert");
+      var main = document.querySelector("main");
+      main.insertBefore(shown, main.firstChild);
+    }
+    var why = health.reason ? " (" + health.reason + ")" : "";
+    shown.textContent = health.state === "lost"
+      ? "The database is gone" + why + ": nothing can be read or written. Restore the file, then restart roadie serve."
+      : "The database does not answer" + why + ": changes are refused until it is back. This page updates by itself.";
+  }
+
   function dispatch(message) {
     if (message.sub === null) {
+      if (message.name === "health") {
+        banner(message.data);
+        document.documentElement.dataset.streamState = message.data.ok ? "waking" : "down";
+        return;
+      }
       // The shared stream (re)opened: what changed while it was closed was not heard, so
       // every list looks again (not at the first opening: the page was just drawn).
       if (message.name === "open") {
         if (opened) Object.keys(handlers).forEach(function (key) { handlers[key]("change", null); });
         opened = true;
+        document.documentElement.dataset.streamState = "open";  // what the page follows is followed
       }
       return;
     }
@@ -47,12 +74,28 @@
       if (!keys.length || !window.EventSource) return;
       source = new EventSource("/live/streams?" + keys.map(function (k) { return "s=" + encodeURIComponent(k); }).join("&"));
       source.onopen = function () { dispatch({ sub: null, name: "open" }); };
+      source.onerror = function () { source.close(); wait(); };
+      source.addEventListener("outage", function () { source.close(); wait(); });
       ["run", "end", "change"].forEach(function (name) {
         source.addEventListener(name, function (event) {
           var message = JSON.parse(event.data);
           dispatch({ sub: message.sub, name: name, data: message.data });
         });
       });
+    }
+    function wait() {
+      setTimeout(function () {
+        fetch("/healthz", { cache: "no-store" }).then(function (answer) {
+          return answer.json().then(function (health) {
+            var database = health.database || {};
+            dispatch({ sub: null, name: "health", data: { ok: answer.ok, state: database.state, reason: database.reason } });
+            if (answer.ok) open(); else wait();
+          });
+        }).catch(function () {
+          dispatch({ sub: null, name: "health", data: { ok: false, state: "unreachable", reason: "the server does not answer" } });
+          wait();
+        });
+      }, 2000);
     }
     window.addEventListener("pagehide", function () { if (source) source.close(); });
     return { post: open };
