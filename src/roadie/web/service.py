@@ -13,9 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from roadie.definitions import EventDefinition, ScheduleDef, load_definition, render
-from roadie.engine import schedules
+from roadie.engine import preflight, schedules
 from roadie.engine.cleanup import CleanupReport, PlannedCall
-from roadie.engine.leases import lease_ref, stack_ref
 from roadie.errors import DefinitionError, InvalidState, NotFound, Problem
 from roadie.states import CleanupStatus, RunStatus
 from roadie.store.rows import EventRow, RunRow
@@ -88,27 +87,19 @@ async def start_run(
 async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) -> dict[str, Any]:
     """What a run of `event` with `params` would do, without starting it: its phases and
     steps rendered with the params (refused as a start would be), the leases it would
-    borrow and who holds each now, and how it would be taken down."""
+    borrow and who holds each now (`preflight.check`, which a start checks too), and how
+    it would be taken down."""
     definition = EventDefinition.model_validate(event.definition)
     frozen = await asyncio.to_thread(render, definition, definition.resolve_params(params), state.registry)
-    held: dict[str, list[int]] = {}
-    for row in await state.store.leases_in_force():
-        held.setdefault(stack_ref(row), []).append(row.run_id)
-    phases, borrows = [], []
-    for phase in frozen.phases:
-        phases.append({"name": phase.name, "after": phase.after, "steps": [(s.name, s.action) for s in phase.steps]})
-        for step in phase.steps:
-            if state.registry.action(step.action).borrows:
-                ref = lease_ref(state.registry, step.params)
-                borrows.append(
-                    {
-                        "ref": ref,
-                        "value": step.params.get("value"),
-                        "priority": step.params.get("priority"),
-                        "stacks": state.registry.lease(str(step.params["lease"])).stacks,
-                        "held_by": sorted(set(held.get(ref, []))),
-                    }
-                )
+    found = await preflight.check(state.store, state.registry, [frozen])
+    phases = [
+        {"name": phase.name, "after": phase.after, "steps": [(s.name, s.action) for s in phase.steps]}
+        for phase in frozen.phases
+    ]
+    borrows = [
+        {"ref": b.ref, "value": b.value, "priority": b.priority, "stacks": b.stacks, "held_by": b.held_by}
+        for b in found.borrows
+    ]
     return {"phases": phases, "borrows": borrows, "cleanup": definition.cleanup.value}
 
 

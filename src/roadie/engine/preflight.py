@@ -1,0 +1,95 @@
+"""Pre-flight: what a run would meet in the world before it starts — the settings it would
+borrow and which runs hold each now.
+
+The start form's preview shows it; starting a run checks it too (`runs.start_runs`), so
+that a run bound to fail is refused before its first step is sent rather than after a
+broadcast that cannot be taken back. It is a look, not a claim: the ledger's reservation
+at dispatch (a unique live target) still refuses a borrow another run took meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from roadie.definitions import FrozenDefinition
+from roadie.engine.leases import lease_ref, stack_ref
+from roadie.registry import Registry
+from roadie.states import LAYER_KIND
+from roadie.store import Store
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A run that holds a lease's target now."""
+
+    run_id: int
+    started_by: str
+    until: datetime | None  # the borrow's `for:` runs out then; None: until its cleanup
+    layer: bool  # held as a layer of a lease that stacks
+
+    def describe(self) -> str:
+        until = f"until {self.until:%Y-%m-%d %H:%M:%S} UTC" if self.until is not None else "until its cleanup"
+        return f"run {self.run_id} (started by {self.started_by}) {until}"
+
+
+@dataclass(frozen=True)
+class Borrow:
+    """A setting a run would borrow, and who holds it now."""
+
+    step: str
+    ref: str
+    value: Any
+    priority: Any
+    stacks: bool
+    holders: tuple[Holder, ...] = ()
+
+    @property
+    def held_by(self) -> list[int]:
+        return sorted({h.run_id for h in self.holders})
+
+    @property
+    def refused(self) -> bool:
+        """Whether the ledger would refuse this borrow now: another run holds the target
+        outright (a layer over other layers is not refused)."""
+        return any(not (self.stacks and h.layer) for h in self.holders)
+
+
+@dataclass
+class Preflight:
+    """What a run would meet: its borrows, with their holders."""
+
+    borrows: list[Borrow] = field(default_factory=list)
+
+
+async def check(store: Store, registry: Registry, frozen: Iterable[FrozenDefinition]) -> Preflight:
+    """Look at what runs of these rendered definitions would meet in the world now."""
+    in_force = await store.leases_in_force()
+    started_by: dict[int, str] = {}
+    if in_force:
+        runs = await store.runs_by_ids(sorted({r.run_id for r in in_force}), definition=False)
+        started_by = {r.id: r.created_by for r in runs}
+    held: dict[str, list[Holder]] = {}
+    for row in in_force:
+        holder = Holder(row.run_id, started_by.get(row.run_id, "?"), row.until, row.kind == LAYER_KIND)
+        held.setdefault(stack_ref(row), []).append(holder)
+    found = Preflight()
+    for definition in frozen:
+        for phase in definition.phases:
+            for step in phase.steps:
+                if not registry.action(step.action).borrows:
+                    continue
+                ref = lease_ref(registry, step.params)
+                found.borrows.append(
+                    Borrow(
+                        step=step.name,
+                        ref=ref,
+                        value=step.params.get("value"),
+                        priority=step.params.get("priority"),
+                        stacks=registry.lease(str(step.params["lease"])).stacks,
+                        holders=tuple(held.get(ref, ())),
+                    )
+                )
+    return found
