@@ -297,9 +297,9 @@ class Harness:
             self.clock.now(),
         )
 
-    async def start(self, text: str, params: dict[str, Any] | None = None) -> RunRow:
-        """Apply the event in `text` and start a run of it."""
-        return await self.engine.start_run(await self.apply(text), params)
+    async def start(self, text: str, params: dict[str, Any] | None = None, *, force: bool = False) -> RunRow:
+        """Apply the event in `text` and start a run of it (`force`: over what pre-flight finds)."""
+        return await self.engine.start_run(await self.apply(text), params, force=force)
 
     async def settle(self, *runs: RunRow | int, max_ticks: int = 1000) -> list[RunRow]:
         """`Engine.settle`: work (jumping the clock) until the runs have ended and cleaned up.

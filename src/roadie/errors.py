@@ -82,6 +82,23 @@ class InvalidState(RoadieError):
     """The object is not in a state that allows this operation."""
 
 
+class PreflightRefused(InvalidState):
+    """The run was not started: what it would meet in the world now would refuse it (a
+    setting another run holds, a module that cannot be reached). Nothing was sent."""
+
+    def __init__(self, obstacles: list[str], override: str = "force") -> None:
+        self.obstacles = obstacles
+        super().__init__(
+            "run not started (nothing was sent): "
+            + "; ".join(obstacles)
+            + f". {override} starts it anyway, and the audit log says who did"
+        )
+
+    def saying(self, override: str) -> PreflightRefused:
+        """The same refusal, naming how the surface it is shown on overrides it."""
+        return PreflightRefused(self.obstacles, override)
+
+
 class ClaimLost(InvalidState):
     """The claim this work was done under is no longer held (it expired and was taken over,
     or was released): the work stopped, and wrote nothing under the lost claim."""

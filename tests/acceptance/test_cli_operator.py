@@ -395,3 +395,57 @@ def test_a_param_without_a_default_must_be_given(folder: Path) -> None:
     code, out = roadie("event", "validate", "scheduled.yaml")
     assert code == 65, out
     assert "param 'n' is required: it has no default" in out
+
+
+HOLD_YEW = """\
+id: storm-yew
+cleanup: manual
+phases:
+  - name: storm
+    steps:
+      - action: core.lease
+        with: {lease: sandbox.weather, target: yew, value: storm}
+"""
+
+WEEKEND = """\
+id: weekend
+cleanup: auto
+phases:
+  - name: announce
+    steps:
+      - action: sandbox.broadcast
+        with: {message: "Double XP weekend has begun in Yew!"}
+  - name: sky
+    steps:
+      - action: core.lease
+        with: {lease: sandbox.weather, target: yew, value: clear}
+"""
+
+
+def test_run_start_refuses_a_run_whose_setting_is_held_and_force_overrides_it(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `run start` started a run bound to fail at its borrow, after its broadcast
+    had gone to every player. Now it exits 75 with one line naming the holder, storing and
+    sending nothing; `--force` starts it, and `roadie audit` shows who overrode what."""
+    monkeypatch.setenv("USER", "alice")
+    (folder / "storm.yaml").write_text(HOLD_YEW)
+    (folder / "weekend.yaml").write_text(WEEKEND)
+    code, out = roadie("run", "start", "storm.yaml", "--wait")
+    assert code == 0, out
+    code, out = roadie("run", "start", "weekend.yaml", "--wait")
+    assert code == 75, out
+    [message] = out.strip().splitlines()
+    assert message.startswith("error run not started (nothing was sent): "), message
+    assert "sandbox.weather#yew is held by run 1 (started by alice) until its cleanup" in message
+    assert "--force starts it anyway" in message
+    code, out = roadie("run", "list", "--json")
+    assert [r["id"] for r in json.loads(out)] == [1]
+    code, out = roadie("sandbox", "show", "--json")
+    assert "Double XP" not in out
+    code, out = roadie("run", "start", "weekend", "--force", "--wait")
+    assert code == 1, out  # forced past pre-flight, the ledger still refuses the borrow
+    code, out = roadie("audit", "--action", "run.force", "--json")
+    [entry] = json.loads(out)
+    assert (entry["actor"], entry["subject"]) == ("alice", "run:2")
+    assert entry["detail"]["overridden"][0]["held_by"] == 1

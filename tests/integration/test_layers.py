@@ -189,14 +189,15 @@ def test_a_priority_for_a_lease_that_does_not_stack_is_refused_before_a_run_exis
 def test_a_lease_whose_module_changed_its_mind_is_not_held_both_ways(harness: Harness) -> None:
     """A module upgraded between two runs says `sandbox.motd` no longer stacks (or now
     does): a borrow of the other kind is refused while the target is held the first way,
-    naming the run that holds it."""
+    naming the run that holds it. (Pre-flight would refuse both starts: they are forced,
+    for the ledger's own refusal at dispatch is what this proves.)"""
     lease = harness.registry.lease("sandbox.motd")
 
     async def body() -> None:
         layered = await _started(harness, "layered", "market day", 2)
         lease.stacks = False
         try:
-            run = await harness.start(banner("alone", "exclusive", None))
+            run = await harness.start(banner("alone", "exclusive", None), force=True)
             [ended] = await harness.settle(run)
             assert ended.status == "failed"
             assert f"sandbox.motd is stacked by run {layered}" in (ended.error or "")
@@ -206,7 +207,7 @@ def test_a_lease_whose_module_changed_its_mind_is_not_held_both_ways(harness: Ha
             alone = await _started(harness, "alone2", "exclusive", None)
         finally:
             lease.stacks = True
-        run = await harness.start(banner("late-layer", "too late", 5))
+        run = await harness.start(banner("late-layer", "too late", 5), force=True)
         [ended] = await harness.settle(run)
         assert ended.status == "failed"
         assert f"already held by run {alone}" in (ended.error or "")

@@ -431,7 +431,8 @@ phases:
 
 def test_a_second_borrow_of_a_target_is_refused_before_the_world_is_written(harness: Harness) -> None:
     """Rule 3: a run borrowing a target another run holds fails with "held by run N",
-    and the world keeps the first run's value: the second writer never ran."""
+    and the world keeps the first run's value: the second writer never ran. (Forced past
+    pre-flight, which would refuse its start: the ledger still refuses it at dispatch.)"""
 
     def storm(value: str) -> str:
         return f"""
@@ -450,7 +451,7 @@ phases:
         first = await harness.start(storm("storm"))
         await harness.engine.tick()
         assert harness.world.read_weather("britain") == "storm"
-        second = await harness.start(storm("fog"))
+        second = await harness.start(storm("fog"), force=True)
         [second] = await harness.settle(second)
         step = await harness.step(second, "sky")
         assert (second.status, step.status) == ("failed", "failed")

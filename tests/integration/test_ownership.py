@@ -122,7 +122,7 @@ def test_the_expiry_sweeper_and_a_cleanup_never_both_give_back_one_lease(harness
         await gate.reached.wait()
         report = await harness.engine.clean_up(a.id)
         assert (report.status, report.held, report.restored) == ("pending", 1, 0)
-        b = await harness.start(LEASE.format(value=7, hold=""))
+        b = await harness.start(LEASE.format(value=7, hold=""), force=True)  # past pre-flight, to the ledger
         [b] = await harness.settle(b)
         gate.open()
         assert await sweeper == 1

@@ -246,7 +246,9 @@ class Simulation:
     def start_run(self, event: str) -> None:
         async def work() -> None:
             tag = f"r{len(self.runs) + 1}"
-            run = await self.web.engine.start_run(self.events[event], {"tag": tag}, actor="staff")
+            # Forced past pre-flight: two raids meeting on one lease at dispatch is what the
+            # simulation is for, and pre-flight is only a look, not a claim.
+            run = await self.web.engine.start_run(self.events[event], {"tag": tag}, actor="staff", force=True)
             self.runs.append(run)
 
         self.runs.append(None)  # type: ignore[arg-type]  # a place held, so MAX_RUNS holds

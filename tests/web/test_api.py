@@ -243,6 +243,37 @@ def test_a_finished_runs_page_is_drawn_once_and_drawn_again_when_its_rows_change
     assert drawn.count(run["id"]) == before + 6
 
 
+def test_a_start_that_would_meet_a_held_setting_is_refused_with_409_and_force_is_audited(site: Site) -> None:
+    """Before: the run started, sent its broadcast to every player, and failed at its
+    borrow. Now `POST /api/v1/runs` (and the batch) answers 409 naming the run that holds
+    the setting and who started it, storing and sending nothing; `"force": true` starts
+    it, and the audit log has `run.force` under the token's name with what it overrode."""
+    site.upload(QUICK)
+    holder = _start(site, region="yew")
+    site.wait_settled(holder["id"])  # its fog over yew stays borrowed: cleanup is manual
+    world = site.state.registry.state("sandbox")
+    said = len(world.broadcasts())
+    body = {"event": "quick-raid", "params": {"region": "yew"}}
+    refused = site.post("/api/v1/runs", "operator", json=body)
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error.startswith("run not started (nothing was sent): ")
+    assert f"sandbox.weather#yew is held by run {holder['id']} (started by operator) until its cleanup" in error
+    assert '"force": true starts it anyway' in error
+    batch = site.post("/api/v1/runs/batch", "operator", json={"event": "quick-raid", "runs": [{"params": {}}]})
+    assert batch.status_code == 409, batch.text
+    assert site.get("/api/v1/runs").json()["total"] == 1
+    time.sleep(0.3)  # the embedded worker polls every 0.05 s: it would have sent a step by now
+    assert len(world.broadcasts()) == said
+    forced = site.post("/api/v1/runs", "operator", json={**body, "force": True})
+    assert forced.status_code == 201, forced.text
+    [audit] = site.get("/api/v1/audit?action=run.force").json()
+    assert (audit["actor"], audit["subject"]) == ("operator", f"run:{forced.json()['id']}")
+    [overridden] = audit["detail"]["overridden"]
+    assert (overridden["subject"], overridden["held_by"]) == ("sandbox.weather#yew", holder["id"])
+    assert site.wait_settled(forced.json()["id"])["status"] == "failed"  # the ledger refused the borrow
+
+
 def test_list_runs_filters_and_pages(site: Site) -> None:
     site.upload(SLOW)
     site.upload(QUICK)

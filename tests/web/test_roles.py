@@ -315,6 +315,32 @@ def test_a_preview_says_what_a_run_would_do_and_who_holds_its_settings(site: Sit
     assert "this borrow would be refused" not in elsewhere
 
 
+def test_the_start_form_refuses_a_run_whose_setting_is_held_and_offers_to_force_it(site: Site) -> None:
+    """Before: the preview said "this borrow would be refused" and Start went ahead. Now
+    Start is refused (409) with the holder named beside the form, what was typed kept,
+    and a box to start it anyway; ticked, the run starts and the override is audited."""
+    site.upload(QUICK)
+    holder = site.post("/api/v1/runs", "operator", json={"event": "quick-raid", "params": {"region": "yew"}}).json()
+    site.wait_settled(holder["id"])
+    csrf = _login(site, "operator")
+    form = {"param.region": "yew", "param.count": "3", "csrf": csrf}
+    refused = site.client.post("/events/quick-raid/runs", data=form, follow_redirects=False)
+    assert refused.status_code == 409
+    assert f"sandbox.weather#yew is held by run {holder['id']} (started by operator) until its cleanup" in refused.text
+    assert "Ticking the box below starts it anyway" in refused.text
+    assert '<input type="checkbox" name="force" value="true" id="force">' in refused.text
+    assert 'value="3"' in refused.text  # kept as typed
+    assert len(site.store_call(lambda s: s.list_runs())) == 1
+    quick = site.client.post("/runs", data={"event": "quick-raid", "params": "region=yew", "csrf": csrf})
+    assert quick.status_code == 409  # the runs page's own start form, the same
+    assert 'name="force"' in quick.text
+    started = site.client.post("/events/quick-raid/runs", data={**form, "force": "true"}, follow_redirects=False)
+    assert started.status_code == 303
+    [forced] = site.store_call(lambda s: s.list_audit(action="run.force"))
+    assert forced.actor == "operator"
+    assert forced.detail["overridden"][0]["held_by"] == holder["id"]
+
+
 def test_signing_in_needs_the_sign_in_pages_own_form(site: Site) -> None:
     """Before: a page on another site could post a token to /login and sign a browser in
     as the attacker (login CSRF). Now the form carries a token that must match a cookie

@@ -33,6 +33,7 @@ from roadie.cli.common import (
     styled,
 )
 from roadie.cli.events import apply_event
+from roadie.errors import PreflightRefused
 from roadie.states import CleanupStatus, RunStatus
 
 if TYPE_CHECKING:
@@ -67,11 +68,21 @@ def run_start(
         "ended held (over a cap), incomplete or rolled back, as `roadie cleanup` does. Ctrl-C stops working it once "
         "what is in flight has answered, and says what it leaves to the workers.",
     ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Start even though pre-flight found a setting another run holds; the override is in the audit log "
+        "(run.force).",
+    ),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Start a run of an event. Without --wait a `roadie worker` carries it out."""
+    """Start a run of an event. Without --wait a `roadie worker` carries it out.
+
+    Before anything is stored or sent, pre-flight looks at the settings the run would
+    borrow: one another run holds refuses the start, naming the holder, with exit code 75
+    (try again when it is free), unless --force."""
     from roadie import views
     from roadie.cli.progress import RunProgress
     from roadie.engine import settled
@@ -86,7 +97,10 @@ def run_start(
         row = await apply_event(ctx, path) if path.suffix in (".yaml", ".yml", ".json") and path.exists() else None
         if row is None:
             row = await ctx.store.get_event(event)
-        run = await ctx.engine.start_run(row, params, actor=os.environ.get("USER", "cli"))
+        try:
+            run = await ctx.engine.start_run(row, params, actor=os.environ.get("USER", "cli"), force=force)
+        except PreflightRefused as exc:
+            raise exc.saying("--force") from None
         if not wait:
             return run
         view = RunProgress(console if not as_json else make_console(quiet=True))

@@ -99,12 +99,18 @@ class Engine(Drain):
 
     @overload
     async def start_run(
-        self, event: EventRow, params: dict[str, Any] | None = None, *, actor: str = "cli"
+        self, event: EventRow, params: dict[str, Any] | None = None, *, actor: str = "cli", force: bool = False
     ) -> RunRow: ...
 
     @overload
     async def start_run(
-        self, event: EventRow, params: dict[str, Any] | None = None, *, actor: str = "cli", schedule_key: str
+        self,
+        event: EventRow,
+        params: dict[str, Any] | None = None,
+        *,
+        actor: str = "cli",
+        schedule_key: str,
+        force: bool = False,
     ) -> RunRow | None: ...
 
     async def start_run(
@@ -114,26 +120,35 @@ class Engine(Drain):
         *,
         actor: str = "cli",
         schedule_key: str | None = None,
+        force: bool = False,
     ) -> RunRow | None:
         """Create a run of `event` with `params`. Every step is rendered and validated now,
-        so a run with a bad parameter is refused before anything runs.
+        so a run with a bad parameter is refused before anything runs; so is one that
+        would borrow a setting another run holds (`PreflightRefused`, naming the holder),
+        unless `force`, which starts it anyway and audits the override (`run.force`).
 
         A `schedule_key` names one occurrence of the event's schedule, which makes at most
         one run: None means that occurrence's run exists already."""
         keys = [schedule_key] if schedule_key is not None else None
-        [run] = await self._start(event, [params], actor, keys)
+        [run] = await self._start(event, [params], actor, keys, force)
         return run
 
     async def start_runs(
-        self, event: EventRow, params: Sequence[dict[str, Any] | None], *, actor: str = "cli"
+        self, event: EventRow, params: Sequence[dict[str, Any] | None], *, actor: str = "cli", force: bool = False
     ) -> list[RunRow]:
         """Create a run of `event` for each of `params`, all in one transaction, each
-        rendered and validated first: one bad parameter refuses them all."""
-        made = await self._start(event, params, actor, None)
+        rendered, validated and pre-flighted first: one bad parameter, or one setting
+        another run holds, refuses them all (unless `force`)."""
+        made = await self._start(event, params, actor, None, force)
         return [run for run in made if run is not None]  # (only an occurrence's run can be None)
 
     async def _start(
-        self, event: EventRow, params: Sequence[dict[str, Any] | None], actor: str, keys: list[str] | None
+        self,
+        event: EventRow,
+        params: Sequence[dict[str, Any] | None],
+        actor: str,
+        keys: list[str] | None,
+        force: bool,
     ) -> list[RunRow | None]:
         return await runs.start_runs(
             self.store,
@@ -145,6 +160,7 @@ class Engine(Drain):
             schedule_keys=keys,
             in_thread=self.options.render_in_thread,
             definitions=self._definitions if self.keeps_definitions else None,
+            force=force,
         )
 
     async def cancel_run(self, run_id: int, *, actor: str = "cli") -> bool:

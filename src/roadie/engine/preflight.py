@@ -9,13 +9,14 @@ at dispatch (a unique live target) still refuses a borrow another run took meanw
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from roadie.definitions import FrozenDefinition
 from roadie.engine.leases import lease_ref, stack_ref
+from roadie.errors import PreflightRefused
 from roadie.registry import Registry
 from roadie.states import LAYER_KIND
 from roadie.store import Store
@@ -57,15 +58,44 @@ class Borrow:
         return any(not (self.stacks and h.layer) for h in self.holders)
 
 
+@dataclass(frozen=True)
+class Obstacle:
+    """One reason a run would fail if it started now."""
+
+    kind: str  # "lease": another run holds a setting it borrows
+    subject: str  # the lease's target
+    message: str
+    held_by: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "subject": self.subject, "message": self.message, "held_by": self.held_by}
+
+
 @dataclass
 class Preflight:
     """What a run would meet: its borrows, with their holders."""
 
     borrows: list[Borrow] = field(default_factory=list)
 
+    @property
+    def obstacles(self) -> list[Obstacle]:
+        """What would refuse the run, each once: a borrow of a target another run holds
+        outright."""
+        found: dict[tuple[str, str], Obstacle] = {}
+        for borrow in self.borrows:
+            if not borrow.refused:
+                continue
+            for holder in borrow.holders:
+                if borrow.stacks and holder.layer:
+                    continue
+                message = f"{borrow.ref} is held by {holder.describe()}"
+                found.setdefault(("lease", borrow.ref), Obstacle("lease", borrow.ref, message, holder.run_id))
+        return list(found.values())
 
-async def check(store: Store, registry: Registry, frozen: Iterable[FrozenDefinition]) -> Preflight:
-    """Look at what runs of these rendered definitions would meet in the world now."""
+
+async def check(store: Store, registry: Registry, frozen: Sequence[FrozenDefinition]) -> list[Preflight]:
+    """Look at what a run of each of these rendered definitions would meet in the world
+    now: one `Preflight` each, in order, from one read of the leases in force."""
     in_force = await store.leases_in_force()
     started_by: dict[int, str] = {}
     if in_force:
@@ -75,21 +105,31 @@ async def check(store: Store, registry: Registry, frozen: Iterable[FrozenDefinit
     for row in in_force:
         holder = Holder(row.run_id, started_by.get(row.run_id, "?"), row.until, row.kind == LAYER_KIND)
         held.setdefault(stack_ref(row), []).append(holder)
+    return [_of(registry, definition, held) for definition in frozen]
+
+
+def refusal(found: Iterable[Preflight]) -> PreflightRefused | None:
+    """The error that refuses starting these runs, naming each obstacle once, or None when
+    nothing stands in their way."""
+    messages = list(dict.fromkeys(o.message for f in found for o in f.obstacles))
+    return PreflightRefused(messages) if messages else None
+
+
+def _of(registry: Registry, definition: FrozenDefinition, held: dict[str, list[Holder]]) -> Preflight:
     found = Preflight()
-    for definition in frozen:
-        for phase in definition.phases:
-            for step in phase.steps:
-                if not registry.action(step.action).borrows:
-                    continue
-                ref = lease_ref(registry, step.params)
-                found.borrows.append(
-                    Borrow(
-                        step=step.name,
-                        ref=ref,
-                        value=step.params.get("value"),
-                        priority=step.params.get("priority"),
-                        stacks=registry.lease(str(step.params["lease"])).stacks,
-                        holders=tuple(held.get(ref, ())),
-                    )
+    for phase in definition.phases:
+        for step in phase.steps:
+            if not registry.action(step.action).borrows:
+                continue
+            ref = lease_ref(registry, step.params)
+            found.borrows.append(
+                Borrow(
+                    step=step.name,
+                    ref=ref,
+                    value=step.params.get("value"),
+                    priority=step.params.get("priority"),
+                    stacks=registry.lease(str(step.params["lease"])).stacks,
+                    holders=tuple(held.get(ref, ())),
                 )
+            )
     return found

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from roadie.clock import Clock
 from roadie.definitions import EventDefinition, FrozenDefinition, render
+from roadie.engine import preflight
 from roadie.errors import DefinitionError, Problem
 from roadie.registry import Registry
 from roadie.store import NewRun, Store
@@ -32,6 +34,7 @@ async def start_runs(
     schedule_keys: Sequence[str] | None = None,
     in_thread: bool = True,
     definitions: dict[int, FrozenDefinition] | None = None,
+    force: bool = False,
 ) -> list[RunRow | None]:
     """Create a run of `event` for each of `params`, in one transaction. Every step of
     every run is rendered and validated first, so one bad parameter refuses them all
@@ -40,7 +43,12 @@ async def start_runs(
     `schedule_keys`, one per run, name occurrences of the event's schedule, each of which
     makes at most one run: None in the answer means that occurrence's run exists already.
     `definitions` (an engine's, by run id) is given each new run's frozen definition, which
-    its advance would otherwise read back and parse again, run by run."""
+    its advance would otherwise read back and parse again, run by run.
+
+    Then pre-flight (`preflight.check`): a run that would borrow a setting another run
+    holds is refused with `PreflightRefused` before anything is stored or sent, unless
+    `force`, which starts it anyway and audits what was overridden (`run.force`). (Not
+    yet a schedule's runs, which are made as before.)"""
     if schedule_keys is not None and len(schedule_keys) != len(params):
         raise ValueError("one schedule key per run")
     definition = EventDefinition.model_validate(event.definition)
@@ -75,7 +83,25 @@ async def start_runs(
             )
         )
         frozen_of_each.append(frozen)
+    if schedule_keys is None:
+        new = await _preflight(store, registry, new, frozen_of_each, force=force)
     made = await store.create_runs(new, actor, now)
     if definitions is not None:
         definitions.update((run.id, f) for run, f in zip(made, frozen_of_each, strict=True) if run is not None)
     return made
+
+
+async def _preflight(
+    store: Store, registry: Registry, new: list[NewRun], frozen: list[FrozenDefinition], *, force: bool
+) -> list[NewRun]:
+    """Refuse the runs when pre-flight finds any bound to fail, or, with `force`, mark what
+    each was started over, for its `run.force` audit entry."""
+    found = await preflight.check(store, registry, frozen)
+    refusal = preflight.refusal(found)
+    if refusal is None:
+        return new
+    if not force:
+        raise refusal
+    return [
+        replace(run, overridden=[o.as_dict() for o in f.obstacles] or None) for run, f in zip(new, found, strict=True)
+    ]

@@ -127,6 +127,8 @@ class NewRun:
     first_phase_due: datetime
     # One occurrence of the event's schedule: the database keeps one run per key.
     schedule_key: str | None = None
+    # What pre-flight found in its way and the starter overrode (force): audited as `run.force`.
+    overridden: list[dict[str, Any]] | None = None
 
 
 @dataclass

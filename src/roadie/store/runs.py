@@ -177,6 +177,9 @@ class RunQueries(Connector):
                 if n.schedule_key is not None:
                     detail["schedule_key"] = n.schedule_key
                 entries.append(audit_entry(now, actor, "run.start", f"run:{row.id}", detail))
+                if n.overridden:
+                    forced = {"event": n.event.event_id, "overridden": n.overridden}
+                    entries.append(audit_entry(now, actor, "run.force", f"run:{row.id}", forced))
             if entries:
                 await execute_many(conn, *dialects.insert_rows(self.dialect, audit, entries))
             return rows

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from roadie.definitions.catalogue import ModuleEntry, catalogue
+from roadie.errors import PreflightRefused
 from roadie.states import ResourceState, RunStatus
 from roadie.web import schemas, service, tokens
 from roadie.web.auth import Principal, require, state_of
@@ -23,7 +24,8 @@ WHY = {
     401: "No valid token or session.",
     403: "The token's role may not do this.",
     404: "No such run, event, resource or token.",
-    409: "What it asks for is not possible now (the run is not in flight; the name is taken).",
+    409: "What it asks for is not possible now (the run is not in flight; the name is taken; a run to start "
+    "would borrow a setting another run holds).",
     413: "The body is over the server's limit (1 MiB by default; 4 MiB for an event file), refused before it is read.",
     422: "The request does not fit: `field` names the first problem, `problems` lists them all.",
     503: "The database is unavailable.",
@@ -185,17 +187,28 @@ async def list_runs(
 @router.post("/runs", response_model=schemas.Run, status_code=201, tags=["runs"], responses=CHANGES)
 async def start_run(request: Request, body: schemas.StartRun, who: Operator) -> Any:
     """Start a run of an event with parameters (operator). Every step is rendered and
-    validated now, so a bad parameter is refused before anything runs."""
-    return await service.start_run(state_of(request), body.event, body.params, who.actor, body.version)
+    validated now, so a bad parameter is refused before anything runs; a run that would
+    borrow a setting another run holds is refused with 409 naming the holder, before any
+    step is sent, unless `force` (audited as `run.force`)."""
+    state = state_of(request)
+    try:
+        return await service.start_run(state, body.event, body.params, who.actor, body.version, force=body.force)
+    except PreflightRefused as exc:
+        raise exc.saying('"force": true') from None
 
 
 @router.post("/runs/batch", response_model=list[schemas.Run], status_code=201, tags=["runs"], responses=CHANGES)
 async def start_runs(request: Request, body: schemas.StartRuns, who: Operator) -> Any:
     """Start many runs of one event, one per entry of `runs`, in one transaction (operator).
     Every run is rendered and validated first: one bad parameter refuses them all, and
-    the error names its entry (`runs[3].params`)."""
+    the error names its entry (`runs[3].params`). Pre-flight refuses them all (409) when
+    any would borrow a setting another run holds, unless `force`."""
     params = [entry.params for entry in body.runs]
-    return await service.start_runs(state_of(request), body.event, params, who.actor, body.version)
+    state = state_of(request)
+    try:
+        return await service.start_runs(state, body.event, params, who.actor, body.version, force=body.force)
+    except PreflightRefused as exc:
+        raise exc.saying('"force": true') from None
 
 
 @router.get("/runs/{run_id}", response_model=schemas.Run, tags=["runs"], responses=FOUND)

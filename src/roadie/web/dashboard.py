@@ -23,7 +23,7 @@ from markupsafe import Markup
 from roadie.definitions import EventDefinition
 from roadie.definitions.catalogue import catalogue
 from roadie.engine.cleanup import describe
-from roadie.errors import DefinitionError, Problem, RoadieError
+from roadie.errors import DefinitionError, PreflightRefused, Problem, RoadieError
 from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, StepStatus, WorkerState
 from roadie.store.rows import ResourceRow
 from roadie.views import Lease
@@ -267,10 +267,12 @@ async def _event_page(
     problems: dict[str, str] | None = None,
     start_error: str | None = None,
     preview: dict[str, Any] | None = None,
+    refused: bool = False,
 ) -> Response:
     """An event's page: its versions, the source of one, and (for its newest version) a
     start form with a field per param; refused, the form comes back with what was typed
-    and every problem beside its field."""
+    and every problem beside its field. Refused by pre-flight (`refused`, 409), it also
+    offers to start anyway, which is audited."""
     state = state_of(request)
     versions = await state.store.list_event_versions(event_id)
     shown = next((v for v in versions if v.version == version), versions[0])
@@ -294,7 +296,7 @@ async def _event_page(
         request,
         "event.html",
         who,
-        status_code=422 if problems or start_error else 200,
+        status_code=409 if refused else 422 if problems or start_error else 200,
         versions=versions,
         earlier=earlier,
         changes=changes,
@@ -306,6 +308,7 @@ async def _event_page(
         problems=problems or {},
         start_error=start_error,
         preview=preview,
+        refused=refused,
     )
 
 
@@ -313,7 +316,9 @@ async def _event_page(
 async def start_from_form(request: Request, event_id: str, who: Operator) -> Response:
     """Start a run of the event's newest version from its form: one field per param, an
     empty field taking the param's default. Every param is checked before anything
-    starts, and all that are wrong are said at once."""
+    starts, and all that are wrong are said at once. A run that pre-flight finds bound to
+    fail (a setting another run holds) is refused beside the form, which then offers the
+    box that starts it anyway (`force`, audited)."""
     state = state_of(request)
     event = await state.store.get_event(event_id)
     specs = EventDefinition.model_validate(event.definition).params
@@ -336,7 +341,11 @@ async def start_from_form(request: Request, event_id: str, who: Operator) -> Res
         if form.get("preview"):
             preview = await service.preview_run(state, event, params)
             return await _event_page(request, who, event_id, typed=typed, preview=preview)
-        run = await service.start_run(state, event_id, params, who.actor, event.version)
+        force = form.get("force") == "true"
+        run = await service.start_run(state, event_id, params, who.actor, event.version, force=force)
+    except PreflightRefused as exc:
+        message = exc.saying("Ticking the box below").message
+        return await _event_page(request, who, event_id, typed=typed, start_error=message, refused=True)
     except RoadieError as exc:
         return await _event_page(request, who, event_id, typed=typed, start_error=exc.message)
     return _back(f"/runs/{run.id}")
@@ -352,10 +361,12 @@ async def _runs_refused(
     start_error: str | None = None,
     start_event: str | None = None,
     start_params: str = "",
+    start_refused: bool = False,
     status_code: int = 422,
 ) -> Response:
     """The runs page again, 422, with why an upload or a start was refused, and what was
-    typed kept in its form (200 with what a check found)."""
+    typed kept in its form (200 with what a check found; 409, with the box that starts it
+    anyway, when pre-flight refused the start)."""
     state = state_of(request)
     events = await state.store.list_events()
     runs = await state.store.list_runs(limit=50)
@@ -363,7 +374,7 @@ async def _runs_refused(
         request,
         "runs.html",
         who,
-        status_code=status_code,
+        status_code=409 if start_refused else status_code,
         runs=runs,
         events=events,
         states=STATES,
@@ -378,6 +389,7 @@ async def _runs_refused(
         start_error=start_error,
         start_event=start_event,
         start_params=start_params,
+        start_refused=start_refused,
     )
 
 
@@ -402,10 +414,16 @@ async def start_run(
     who: Operator,
     event: Annotated[str, Form(max_length=100)],
     params: Annotated[str, Form(max_length=10_000)] = "",
+    force: Annotated[bool, Form()] = False,
 ) -> Response:
     state = state_of(request)
     try:
-        run = await service.start_run(state, event, _parse_params(params), who.actor)
+        run = await service.start_run(state, event, _parse_params(params), who.actor, force=force)
+    except PreflightRefused as exc:
+        message = exc.saying("Ticking the box below").message
+        return await _runs_refused(
+            request, who, start_error=message, start_event=event, start_params=params, start_refused=True
+        )
     except RoadieError as exc:
         return await _runs_refused(request, who, start_error=exc.message, start_event=event, start_params=params)
     return _back(f"/runs/{run.id}")

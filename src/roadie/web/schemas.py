@@ -71,6 +71,11 @@ class StartRun(BaseModel):
     event: str = Field(min_length=1, max_length=100, description="The event's id.")
     version: int | None = Field(None, ge=1, le=2**31 - 1, description="A stored version; default the newest.")
     params: dict[str, Any] = Field(default_factory=dict)
+    force: bool = Field(
+        False,
+        description="Start even though pre-flight found a setting another run holds (the 409 names it); "
+        "audited as run.force.",
+    )
 
 
 class RunParams(BaseModel):
@@ -85,6 +90,11 @@ class StartRuns(BaseModel):
     event: str = Field(min_length=1, max_length=100, description="The event's id.")
     version: int | None = Field(None, ge=1, le=2**31 - 1, description="A stored version; default the newest.")
     runs: list[RunParams] = Field(min_length=1, max_length=1000, description="One entry per run, with its params.")
+    force: bool = Field(
+        False,
+        description="Start even though pre-flight found a setting another run holds (the 409 names it); "
+        "audited as run.force.",
+    )
 
 
 class CancelAnswer(Model):

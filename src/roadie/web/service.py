@@ -78,10 +78,18 @@ async def check_event(state: WebState, text: str, source: str) -> CheckedEvent:
 
 
 async def start_run(
-    state: WebState, event_id: str, params: dict[str, Any], actor: str, version: int | None = None
+    state: WebState,
+    event_id: str,
+    params: dict[str, Any],
+    actor: str,
+    version: int | None = None,
+    *,
+    force: bool = False,
 ) -> RunRow:
+    """Start a run; one that pre-flight finds bound to fail is refused (`PreflightRefused`,
+    409) unless `force`."""
     event = await state.store.get_event(event_id, version)
-    return await state.engine.start_run(event, params, actor=actor)
+    return await state.engine.start_run(event, params, actor=actor, force=force)
 
 
 async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +99,7 @@ async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) 
     it would be taken down."""
     definition = EventDefinition.model_validate(event.definition)
     frozen = await asyncio.to_thread(render, definition, definition.resolve_params(params), state.registry)
-    found = await preflight.check(state.store, state.registry, [frozen])
+    [found] = await preflight.check(state.store, state.registry, [frozen])
     phases = [
         {"name": phase.name, "after": phase.after, "steps": [(s.name, s.action) for s in phase.steps]}
         for phase in frozen.phases
@@ -104,10 +112,16 @@ async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) 
 
 
 async def start_runs(
-    state: WebState, event_id: str, params: list[dict[str, Any]], actor: str, version: int | None = None
+    state: WebState,
+    event_id: str,
+    params: list[dict[str, Any]],
+    actor: str,
+    version: int | None = None,
+    *,
+    force: bool = False,
 ) -> list[RunRow]:
     event = await state.store.get_event(event_id, version)
-    return await state.engine.start_runs(event, params, actor=actor)
+    return await state.engine.start_runs(event, params, actor=actor, force=force)
 
 
 async def cancel_run(state: WebState, run_id: int, actor: str) -> None:

@@ -1,0 +1,137 @@
+"""Pre-flight = start: a run that would borrow a setting another run holds is refused
+when it is started, naming the holder, before any step is sent; `force` starts it
+anyway and writes who overrode what to the audit log; the ledger still refuses the
+borrow itself at dispatch."""
+
+from __future__ import annotations
+
+import pytest
+from tests.conftest import Harness
+
+from roadie.errors import PreflightRefused
+
+HOLDER = """
+id: holder
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        name: dial
+        with: {{lease: probe.dial, value: 2{hold}}}
+"""
+
+# Its first phase announces the event to every player (the probe records the call); its
+# second borrows the dial another run holds: without pre-flight the run fails there, after
+# its announcement went out.
+WEEKEND = """
+id: weekend
+cleanup: auto
+phases:
+  - name: announce
+    steps:
+      - action: probe.make
+        name: broadcast
+        with: {answer: []}
+  - name: borrow
+    steps:
+      - action: core.lease
+        name: dial
+        with: {lease: probe.dial, value: 3}
+"""
+
+
+async def _holder(harness: Harness, hold: str = "") -> int:
+    run = await harness.start(HOLDER.format(hold=hold))
+    [ended] = await harness.settle(run)
+    assert ended.status == "succeeded", ended.error
+    return run.id
+
+
+def test_a_run_whose_setting_another_run_holds_is_refused_before_any_step_is_sent(harness: Harness) -> None:
+    """Before: the run started, sent its broadcast, and failed at the borrow a second
+    later. Now the start is refused, naming the run that holds the dial and who started
+    it; no run is stored, and no step reaches the module."""
+
+    async def body() -> None:
+        holder = await _holder(harness)
+        with pytest.raises(PreflightRefused) as refused:
+            await harness.start(WEEKEND)
+        assert f"probe.dial is held by run {holder} (started by cli) until its cleanup" in refused.value.message
+        assert refused.value.message.startswith("run not started (nothing was sent): ")
+        for _ in range(3):
+            await harness.engine.tick()
+        assert harness.probe.calls == []
+        assert [r.id for r in await harness.store.list_runs()] == [holder]
+        assert harness.probe.dial == 2
+
+    harness.run(body)
+
+
+def test_a_borrow_held_for_a_while_names_when_it_is_given_back(harness: Harness) -> None:
+    """A holder whose borrow has a `for:` is named with the moment it runs out."""
+
+    async def body() -> None:
+        holder = await _holder(harness, hold=", for: 1h")
+        with pytest.raises(PreflightRefused) as refused:
+            await harness.start(WEEKEND)
+        [lease] = await harness.store.leases_in_force()
+        assert lease.until is not None
+        expected = f"probe.dial is held by run {holder} (started by cli) until {lease.until:%Y-%m-%d %H:%M:%S} UTC"
+        assert expected in refused.value.message
+
+    harness.run(body)
+
+
+def test_force_starts_it_anyway_audits_the_override_and_the_ledger_still_refuses_the_borrow(
+    harness: Harness,
+) -> None:
+    """`force` starts the run over what pre-flight found, and the audit log has who did
+    and what was overridden, in the transaction that made the run. Pre-flight is a look,
+    not a claim: the ledger's own reservation at dispatch still refuses the borrow."""
+
+    async def body() -> None:
+        holder = await _holder(harness)
+        run = await harness.engine.start_run(await harness.apply(WEEKEND), actor="alice", force=True)
+        [forced] = await harness.store.list_audit(action="run.force")
+        assert (forced.actor, forced.subject) == ("alice", f"run:{run.id}")
+        assert forced.detail["event"] == "weekend"
+        [overridden] = forced.detail["overridden"]
+        assert (overridden["kind"], overridden["subject"], overridden["held_by"]) == ("lease", "probe.dial", holder)
+        assert f"held by run {holder}" in overridden["message"]
+        [ended] = await harness.settle(run)
+        assert ended.status == "failed"
+        assert f"probe.dial is already held by run {holder}" in (ended.error or "")
+        assert len(harness.probe.calls) == 1  # what force let through: the broadcast went out
+        assert harness.probe.dial == 2
+
+    harness.run(body)
+
+
+def test_a_free_setting_or_a_layer_over_others_is_not_refused(harness: Harness) -> None:
+    """Only what the ledger would refuse refuses a start: a lease nobody holds, or a
+    layer of a lease that stacks over another run's layer, start as before, with no
+    `run.force` in the audit log."""
+    layer = """
+id: banner-{n}
+cleanup: manual
+phases:
+  - name: only
+    steps:
+      - action: core.lease
+        name: banner
+        with: {{lease: sandbox.motd, value: "banner {n}", priority: {n}}}
+"""
+
+    async def body() -> None:
+        first = await harness.start(layer.format(n=1))
+        [first] = await harness.settle(first)
+        second = await harness.start(layer.format(n=2))
+        [second] = await harness.settle(second)
+        assert (first.status, second.status) == ("succeeded", "succeeded")
+        run = await harness.start(WEEKEND)
+        [ended] = await harness.settle(run)
+        assert ended.status == "succeeded", ended.error
+        assert await harness.store.list_audit(action="run.force") == []
+
+    harness.run(body)
