@@ -5,10 +5,16 @@ borrow itself at dispatch."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
+from sqlalchemy import select
+from sqlalchemy.pool import NullPool
 from tests.conftest import Harness
 
+from roadie.engine.notify import Webhook
 from roadie.errors import PreflightRefused
+from roadie.store import dialects, tables
 
 HOLDER = """
 id: holder
@@ -39,6 +45,18 @@ phases:
         name: dial
         with: {lease: probe.dial, value: 3}
 """
+
+
+async def _told(harness: Harness, run_id: int) -> list[str]:
+    """The kinds of the notifications written about a run, in order."""
+    engine = dialects.create_engine(harness.database_url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            n = tables.notifications
+            query = select(n.c.kind).where(n.c.run_id == run_id).order_by(n.c.id)
+            return [kind for (kind,) in await conn.execute(query)]
+    finally:
+        await engine.dispose()
 
 
 async def _holder(harness: Harness, hold: str = "") -> int:
@@ -133,5 +151,37 @@ phases:
         [ended] = await harness.settle(run)
         assert ended.status == "succeeded", ended.error
         assert await harness.store.list_audit(action="run.force") == []
+
+    harness.run(body)
+
+
+def test_a_scheduled_run_into_a_held_setting_ends_failed_with_the_reason_before_any_step(harness: Harness) -> None:
+    """Before: the occurrence's run started, sent its first phase and failed at the
+    borrow. Now the worker makes the occurrence's run (it is spent, as any occurrence),
+    failed, with pre-flight's reason as its error; it ends before any step is sent, the
+    audit log has `run.refused` by `schedule`, and a `run.failed` notification tells it."""
+    scheduled = WEEKEND.replace("cleanup: auto\n", "cleanup: auto\nschedule:\n  at: ['2026-01-01T00:10:00Z']\n")
+
+    # A webhook is known, so notifications are written (nothing listens at port 9).
+    harness.webhooks = [Webhook(name="ops", url="http://127.0.0.1:9/", secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")]
+
+    async def body() -> None:
+        holder = await _holder(harness)
+        await harness.apply(scheduled)
+        harness.clock.set(datetime(2026, 1, 1, 0, 10, tzinfo=UTC))
+        for _ in range(3):
+            await harness.engine.tick()
+        run = next(r for r in await harness.store.list_runs() if r.id != holder)
+        assert run.schedule_key is not None
+        assert run.status == "failed"
+        assert run.error == (
+            "refused by pre-flight before any step was sent: "
+            f"probe.dial is held by run {holder} (started by cli) until its cleanup"
+        )
+        assert await harness.steps(run) == []
+        assert harness.probe.calls == []
+        [refused] = await harness.store.list_audit(action="run.refused")
+        assert (refused.actor, refused.subject) == ("schedule", f"run:{run.id}")
+        assert await _told(harness, run.id) == ["run.failed"]
 
     harness.run(body)

@@ -17,7 +17,7 @@ from typing import Any
 from roadie.clock import Clock
 from roadie.definitions import EventDefinition, FrozenDefinition, render
 from roadie.engine import preflight
-from roadie.errors import DefinitionError, Problem
+from roadie.errors import DefinitionError, PreflightRefused, Problem
 from roadie.registry import Registry
 from roadie.store import NewRun, Store
 from roadie.store.rows import EventRow, RunRow
@@ -47,8 +47,10 @@ async def start_runs(
 
     Then pre-flight (`preflight.check`): a run that would borrow a setting another run
     holds is refused with `PreflightRefused` before anything is stored or sent, unless
-    `force`, which starts it anyway and audits what was overridden (`run.force`). (Not
-    yet a schedule's runs, which are made as before.)"""
+    `force`, which starts it anyway and audits what was overridden (`run.force`). A
+    schedule's run that pre-flight finds bound to fail is made failed instead, with the
+    reason as its error, and ends before any step is sent (audited as `run.refused`):
+    its occurrence is spent, and a `run.failed` notification says so."""
     if schedule_keys is not None and len(schedule_keys) != len(params):
         raise ValueError("one schedule key per run")
     definition = EventDefinition.model_validate(event.definition)
@@ -83,8 +85,7 @@ async def start_runs(
             )
         )
         frozen_of_each.append(frozen)
-    if schedule_keys is None:
-        new = await _preflight(store, registry, new, frozen_of_each, force=force)
+    new = await _preflight(store, registry, new, frozen_of_each, force=force, scheduled=schedule_keys is not None)
     made = await store.create_runs(new, actor, now)
     if definitions is not None:
         definitions.update((run.id, f) for run, f in zip(made, frozen_of_each, strict=True) if run is not None)
@@ -92,16 +93,32 @@ async def start_runs(
 
 
 async def _preflight(
-    store: Store, registry: Registry, new: list[NewRun], frozen: list[FrozenDefinition], *, force: bool
+    store: Store,
+    registry: Registry,
+    new: list[NewRun],
+    frozen: list[FrozenDefinition],
+    *,
+    force: bool,
+    scheduled: bool,
 ) -> list[NewRun]:
     """Refuse the runs when pre-flight finds any bound to fail, or, with `force`, mark what
-    each was started over, for its `run.force` audit entry."""
+    each was started over, for its `run.force` audit entry; a schedule's runs so found are
+    marked to be made failed."""
     found = await preflight.check(store, registry, frozen)
     refusal = preflight.refusal(found)
     if refusal is None:
         return new
+    if scheduled and not force:
+        return [
+            replace(run, refused=_refused(refused)) if (refused := preflight.refusal([f])) is not None else run
+            for run, f in zip(new, found, strict=True)
+        ]
     if not force:
         raise refusal
     return [
         replace(run, overridden=[o.as_dict() for o in f.obstacles] or None) for run, f in zip(new, found, strict=True)
     ]
+
+
+def _refused(refusal: PreflightRefused) -> str:
+    return "refused by pre-flight before any step was sent: " + "; ".join(refusal.obstacles)

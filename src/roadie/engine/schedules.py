@@ -116,7 +116,9 @@ async def create_due_runs(engine: Worker) -> int:
     rendered and validated), in one transaction, by actor `schedule`, with the schedule's
     params and each occurrence's key; an occurrence another worker made first is passed
     over. A run that cannot be made (say, its module is not loaded on this
-    worker) is logged and left due, for a worker that can, and for the next tick.
+    worker) is logged and left due, for a worker that can, and for the next tick. A run
+    that pre-flight finds bound to fail (a setting another run holds) is made, failed with
+    the reason, and ends before any step is sent: its occurrence is spent.
     """
     now = engine.clock.now()
     made = 0

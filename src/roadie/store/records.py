@@ -129,6 +129,9 @@ class NewRun:
     schedule_key: str | None = None
     # What pre-flight found in its way and the starter overrode (force): audited as `run.force`.
     overridden: list[dict[str, Any]] | None = None
+    # What pre-flight found in the way of a schedule's run: it is made failed with this
+    # error (ended by the next advance, before any step), and audited as `run.refused`.
+    refused: str | None = None
 
 
 @dataclass

@@ -133,7 +133,8 @@ class RunQueries(Connector):
                 "phase": 0,
                 "materialised_phase": -1,
                 "phase_due_at": n.first_phase_due,
-                "cancel_requested": False,
+                "cancel_requested": n.refused is not None,
+                "error": n.refused,
                 "created_at": now,
                 "created_by": actor,
                 "cleanup_attempts": 0,
@@ -180,6 +181,9 @@ class RunQueries(Connector):
                 if n.overridden:
                     forced = {"event": n.event.event_id, "overridden": n.overridden}
                     entries.append(audit_entry(now, actor, "run.force", f"run:{row.id}", forced))
+                if n.refused is not None:
+                    refused = {"event": n.event.event_id, "schedule_key": n.schedule_key, "error": n.refused}
+                    entries.append(audit_entry(now, actor, "run.refused", f"run:{row.id}", refused))
             if entries:
                 await execute_many(conn, *dialects.insert_rows(self.dialect, audit, entries))
             return rows
