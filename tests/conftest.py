@@ -129,6 +129,7 @@ class ProbeState:
     observe_dial: Callable[[LeaseCall, Any], Awaitable[None]] | None = None  # awaited after each write
     before_dial_write: Callable[[LeaseCall, Any], Awaitable[None]] | None = None  # awaited before each write
     observe_revert: Callable[[RevertCall], Awaitable[None]] | None = None  # awaited inside each revert
+    offline: str | None = None  # when set, the module says it is offline, and why
 
     def calls_of(self, key: str) -> list[Dispatched]:
         return [c for c in self.calls if c.key == key]
@@ -185,6 +186,10 @@ def probe_module() -> Module:
         if state.fail_reverts > 0:
             state.fail_reverts -= 1
             raise RetryableError("probe: revert failed")
+
+    @probe.online
+    def online(state: ProbeState) -> str | None:
+        return state.offline
 
     @probe.lease("dial")
     async def read_dial(call: LeaseCall) -> float:

@@ -1,5 +1,6 @@
-"""Pre-flight = start: a run that would borrow a setting another run holds is refused
-when it is started, naming the holder, before any step is sent; `force` starts it
+"""Pre-flight = start: a run that would borrow a setting another run holds, or call a
+module that is offline, is refused when it is started, naming the holder or the module,
+before any step is sent; `force` starts it
 anyway and writes who overrode what to the audit log; the ledger still refuses the
 borrow itself at dispatch."""
 
@@ -183,5 +184,36 @@ def test_a_scheduled_run_into_a_held_setting_ends_failed_with_the_reason_before_
         [refused] = await harness.store.list_audit(action="run.refused")
         assert (refused.actor, refused.subject) == ("schedule", f"run:{run.id}")
         assert await _told(harness, run.id) == ["run.failed"]
+
+    harness.run(body)
+
+
+def test_a_run_that_would_call_a_module_that_is_offline_is_refused_the_same_way(harness: Harness) -> None:
+    """A module whose `online` hook says it cannot reach its world refuses the start,
+    naming the module and why, before any step is sent; `force` starts it anyway, audited
+    with the module overridden. A run that calls only other modules starts as before."""
+    harness.probe.offline = "the game server at 10.0.0.5:7300 does not answer"
+    elsewhere = """
+id: elsewhere
+phases:
+  - name: only
+    steps:
+      - action: sandbox.broadcast
+        with: {message: "hello"}
+"""
+
+    async def body() -> None:
+        with pytest.raises(PreflightRefused) as refused:
+            await harness.start(WEEKEND)
+        assert "module probe is offline: the game server at 10.0.0.5:7300 does not answer" in refused.value.message
+        assert await harness.store.list_runs() == []
+        run = await harness.start(elsewhere)
+        [ended] = await harness.settle(run)
+        assert ended.status == "succeeded"
+        assert harness.probe.calls == []
+        forced = await harness.start(WEEKEND, force=True)
+        [audit] = await harness.store.list_audit(action="run.force")
+        assert audit.subject == f"run:{forced.id}"
+        assert [(o["kind"], o["subject"]) for o in audit.detail["overridden"]] == [("module", "probe")]
 
     harness.run(body)

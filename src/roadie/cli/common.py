@@ -88,7 +88,7 @@ JsonOption = typer.Option(False, "--json", help="Print JSON for scripts, errors 
 # can tell a mistake in a file from a database that is down. 1 is a refused or failed
 # operation; 2 is Click's own for a bad command line.
 EXIT_CODES: tuple[tuple[type[RoadieError], int], ...] = (
-    (PreflightRefused, os.EX_TEMPFAIL),  # 75: a run would meet a setting another run holds; later it may not
+    (PreflightRefused, os.EX_TEMPFAIL),  # 75: a setting another run holds, a module offline: later, perhaps not
     (DefinitionError, os.EX_DATAERR),  # 65: an event file or a param is wrong
     (NotFound, os.EX_NOINPUT),  # 66: no such run, event, resource
     (StoreError, os.EX_UNAVAILABLE),  # 69: the database cannot be opened or failed

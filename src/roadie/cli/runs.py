@@ -71,8 +71,8 @@ def run_start(
     force: bool = typer.Option(
         False,
         "--force",
-        help="Start even though pre-flight found a setting another run holds; the override is in the audit log "
-        "(run.force).",
+        help="Start even though pre-flight found a setting another run holds or a module offline; the override "
+        "is in the audit log (run.force).",
     ),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
@@ -81,8 +81,9 @@ def run_start(
     """Start a run of an event. Without --wait a `roadie worker` carries it out.
 
     Before anything is stored or sent, pre-flight looks at the settings the run would
-    borrow: one another run holds refuses the start, naming the holder, with exit code 75
-    (try again when it is free), unless --force."""
+    borrow and the modules it would call: a setting another run holds, or a module that
+    is offline, refuses the start, naming it, with exit code 75 (try again later), unless
+    --force."""
     from roadie import views
     from roadie.cli.progress import RunProgress
     from roadie.engine import settled

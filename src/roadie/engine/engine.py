@@ -124,7 +124,8 @@ class Engine(Drain):
     ) -> RunRow | None:
         """Create a run of `event` with `params`. Every step is rendered and validated now,
         so a run with a bad parameter is refused before anything runs; so is one that
-        would borrow a setting another run holds (`PreflightRefused`, naming the holder),
+        would borrow a setting another run holds or call a module that is offline
+        (`PreflightRefused`, naming it),
         unless `force`, which starts it anyway and audits the override (`run.force`).
 
         A `schedule_key` names one occurrence of the event's schedule, which makes at most

@@ -1,5 +1,5 @@
 """Pre-flight: what a run would meet in the world before it starts — the settings it would
-borrow and which runs hold each now.
+borrow and which runs hold each now, and whether the modules it would call are online.
 
 The start form's preview shows it; starting a run checks it too (`runs.start_runs`), so
 that a run bound to fail is refused before its first step is sent rather than after a
@@ -9,6 +9,7 @@ at dispatch (a unique live target) still refuses a borrow another run took meanw
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,10 @@ from roadie.errors import PreflightRefused
 from roadie.registry import Registry
 from roadie.states import LAYER_KIND
 from roadie.store import Store
+
+# How long a start waits for a module to say whether it is online: a game server that does
+# not answer within it is as good as offline for a run about to call it.
+ONLINE_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,8 @@ class Borrow:
 class Obstacle:
     """One reason a run would fail if it started now."""
 
-    kind: str  # "lease": another run holds a setting it borrows
-    subject: str  # the lease's target
+    kind: str  # "lease": another run holds a setting it borrows; "module": a module it calls is offline
+    subject: str  # the lease's target, or the module's name
     message: str
     held_by: int | None = None
 
@@ -73,15 +78,19 @@ class Obstacle:
 
 @dataclass
 class Preflight:
-    """What a run would meet: its borrows, with their holders."""
+    """What a run would meet: its borrows, with their holders, and the modules it would
+    call that cannot reach their world now."""
 
     borrows: list[Borrow] = field(default_factory=list)
+    offline: dict[str, str] = field(default_factory=dict)  # module -> why it is offline
 
     @property
     def obstacles(self) -> list[Obstacle]:
-        """What would refuse the run, each once: a borrow of a target another run holds
-        outright."""
+        """What would refuse the run, each once: a module it would call that is offline, a
+        borrow of a target another run holds outright."""
         found: dict[tuple[str, str], Obstacle] = {}
+        for module, why in sorted(self.offline.items()):
+            found[("module", module)] = Obstacle("module", module, f"module {module} is offline: {why}")
         for borrow in self.borrows:
             if not borrow.refused:
                 continue
@@ -105,7 +114,14 @@ async def check(store: Store, registry: Registry, frozen: Sequence[FrozenDefinit
     for row in in_force:
         holder = Holder(row.run_id, started_by.get(row.run_id, "?"), row.until, row.kind == LAYER_KIND)
         held.setdefault(stack_ref(row), []).append(holder)
-    return [_of(registry, definition, held) for definition in frozen]
+    found = [_of(registry, definition, held) for definition in frozen]
+    modules = [_modules(registry, definition) for definition in frozen]
+    asked = sorted(set().union(*modules)) if modules else []
+    answers = await asyncio.gather(*(_offline(registry, name) for name in asked))
+    offline = {name: why for name, why in zip(asked, answers, strict=True) if why is not None}
+    for of_run, names in zip(found, modules, strict=True):
+        of_run.offline = {name: offline[name] for name in names if name in offline}
+    return found
 
 
 def refusal(found: Iterable[Preflight]) -> PreflightRefused | None:
@@ -133,3 +149,24 @@ def _of(registry: Registry, definition: FrozenDefinition, held: dict[str, list[H
                 )
             )
     return found
+
+
+def _modules(registry: Registry, definition: FrozenDefinition) -> set[str]:
+    """The modules a run of `definition` would call: its actions' and its borrowed leases'."""
+    names = set()
+    for phase in definition.phases:
+        for step in phase.steps:
+            action = registry.action(step.action)
+            names.add(action.owner)
+            if action.borrows:
+                names.add(registry.lease(str(step.params["lease"])).module.name)
+    return names
+
+
+async def _offline(registry: Registry, name: str) -> str | None:
+    """Ask one module whether it is online, for at most `ONLINE_WAIT` seconds."""
+    try:
+        async with asyncio.timeout(ONLINE_WAIT):
+            return await registry.offline(name)
+    except TimeoutError:
+        return f"it did not say whether it can reach its world within {ONLINE_WAIT:g} s"

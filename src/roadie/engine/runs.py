@@ -46,8 +46,9 @@ async def start_runs(
     its advance would otherwise read back and parse again, run by run.
 
     Then pre-flight (`preflight.check`): a run that would borrow a setting another run
-    holds is refused with `PreflightRefused` before anything is stored or sent, unless
-    `force`, which starts it anyway and audits what was overridden (`run.force`). A
+    holds, or call a module that is offline, is refused with `PreflightRefused` before
+    anything is stored or sent, unless `force`, which starts it anyway and audits what was
+    overridden (`run.force`). A
     schedule's run that pre-flight finds bound to fail is made failed instead, with the
     reason as its error, and ends before any step is sent (audited as `run.refused`):
     its occurrence is spent, and a `run.failed` notification says so."""

@@ -169,6 +169,7 @@ LeaseReadFn = Callable[[LeaseCall], Any]
 LeaseWriteFn = Callable[[LeaseCall, JSON], Any]
 InspectFn = Callable[[InspectCall], Any]
 TaggedFn = Callable[[TaggedCall], Any]
+OnlineFn = Callable[[Any], Any]  # (the module's state) -> None when reachable, else why not
 
 
 async def maybe_await(value: Any) -> Any:
@@ -299,6 +300,7 @@ class Module:
         self.close_fn: Callable[[Any], Any] | None = None
         self.inspect_fn: InspectFn | None = None
         self.tagged_fn: TaggedFn | None = None
+        self.online_fn: OnlineFn | None = None
 
     def action(
         self,
@@ -390,6 +392,15 @@ class Module:
         names (summons, respawns, what an answer that never arrived made) and take down
         those whose run has ended."""
         self.tagged_fn = fn
+        return fn
+
+    def online(self, fn: OnlineFn) -> OnlineFn:
+        """Declare how to tell whether the world behind the module can be reached now:
+        `fn(state)` (sync or async) answers None when it can, or a sentence saying why not
+        (`"the game server at 10.0.0.5:7300 does not answer"`). Starting a run asks every
+        module the run would call (pre-flight), and refuses the start while one is
+        offline, before any step is sent. A module that declares none is taken as online."""
+        self.online_fn = fn
         return fn
 
     def check(self) -> None:

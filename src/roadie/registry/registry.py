@@ -74,6 +74,19 @@ class Registry:
     def state(self, module_name: str) -> Any:
         return self._loaded[module_name].state
 
+    async def offline(self, module_name: str) -> str | None:
+        """Why the module cannot reach its world now, by its `online` hook, or None (also
+        for a module that declares no hook). A hook that raises is offline, saying what it
+        raised."""
+        loaded = self._loaded[module_name]
+        if loaded.module.online_fn is None:
+            return None
+        try:
+            why = await maybe_await(loaded.module.online_fn(loaded.state))
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}".rstrip(": ")
+        return None if why is None else str(why)
+
     def module(self, name: str) -> Module:
         try:
             return self._loaded[name].module

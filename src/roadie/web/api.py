@@ -25,7 +25,7 @@ WHY = {
     403: "The token's role may not do this.",
     404: "No such run, event, resource or token.",
     409: "What it asks for is not possible now (the run is not in flight; the name is taken; a run to start "
-    "would borrow a setting another run holds).",
+    "would borrow a setting another run holds, or call a module that is offline).",
     413: "The body is over the server's limit (1 MiB by default; 4 MiB for an event file), refused before it is read.",
     422: "The request does not fit: `field` names the first problem, `problems` lists them all.",
     503: "The database is unavailable.",
@@ -188,8 +188,8 @@ async def list_runs(
 async def start_run(request: Request, body: schemas.StartRun, who: Operator) -> Any:
     """Start a run of an event with parameters (operator). Every step is rendered and
     validated now, so a bad parameter is refused before anything runs; a run that would
-    borrow a setting another run holds is refused with 409 naming the holder, before any
-    step is sent, unless `force` (audited as `run.force`)."""
+    borrow a setting another run holds, or call a module that is offline, is refused with
+    409 naming it, before any step is sent, unless `force` (audited as `run.force`)."""
     state = state_of(request)
     try:
         return await service.start_run(state, body.event, body.params, who.actor, body.version, force=body.force)

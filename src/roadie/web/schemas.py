@@ -73,8 +73,8 @@ class StartRun(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     force: bool = Field(
         False,
-        description="Start even though pre-flight found a setting another run holds (the 409 names it); "
-        "audited as run.force.",
+        description="Start even though pre-flight found a setting another run holds or a module offline "
+        "(the 409 names it); audited as run.force.",
     )
 
 
@@ -92,8 +92,8 @@ class StartRuns(BaseModel):
     runs: list[RunParams] = Field(min_length=1, max_length=1000, description="One entry per run, with its params.")
     force: bool = Field(
         False,
-        description="Start even though pre-flight found a setting another run holds (the 409 names it); "
-        "audited as run.force.",
+        description="Start even though pre-flight found a setting another run holds or a module offline "
+        "(the 409 names it); audited as run.force.",
     )
 
 

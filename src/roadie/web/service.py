@@ -95,8 +95,8 @@ async def start_run(
 async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) -> dict[str, Any]:
     """What a run of `event` with `params` would do, without starting it: its phases and
     steps rendered with the params (refused as a start would be), the leases it would
-    borrow and who holds each now (`preflight.check`, which a start checks too), and how
-    it would be taken down."""
+    borrow and who holds each now, the modules it would call that are offline
+    (`preflight.check`, which a start checks too), and how it would be taken down."""
     definition = EventDefinition.model_validate(event.definition)
     frozen = await asyncio.to_thread(render, definition, definition.resolve_params(params), state.registry)
     [found] = await preflight.check(state.store, state.registry, [frozen])
@@ -108,7 +108,7 @@ async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) 
         {"ref": b.ref, "value": b.value, "priority": b.priority, "stacks": b.stacks, "held_by": b.held_by}
         for b in found.borrows
     ]
-    return {"phases": phases, "borrows": borrows, "cleanup": definition.cleanup.value}
+    return {"phases": phases, "borrows": borrows, "offline": found.offline, "cleanup": definition.cleanup.value}
 
 
 async def start_runs(
