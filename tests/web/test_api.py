@@ -492,6 +492,25 @@ def test_a_list_page_hears_of_each_change_as_it_happens(site: Site) -> None:
     assert site.get("/live/watch?what=runs", role=None).status_code == 401
 
 
+def test_a_ledgers_stream_says_change_when_its_run_ends_though_no_row_does(site: Site) -> None:
+    """The ledger page's clean-up card follows the run's status ("in flight: cancel it
+    first"). Before, its stream read only the rows and the cleanup status, so a run that
+    ended without a row changing left the page saying it was in flight."""
+    site.upload(SLOW)
+    run = _start(site, "slow-raid")
+    deadline = time.monotonic() + 30
+    while site.get(f"/api/v1/runs/{run['id']}").json()["phase"] < 1:  # the omen is done, the raid waits an hour
+        assert time.monotonic() < deadline, "the run never reached its second phase"
+        time.sleep(0.05)
+    with site.client.stream("GET", f"/live/watch?what=ledger&run={run['id']}", headers=site.auth("viewer")) as s:
+        lines = s.iter_lines()
+        assert next(lines) == ": watching"
+        assert site.post(f"/api/v1/runs/{run['id']}/cancel", "operator").status_code == 202
+        heard = next(line for line in lines if line.startswith(("event:", ": keepalive")))
+        assert heard == "event: change"
+    assert site.wait_settled(run["id"])["cleanup_status"] == "pending"  # manual: no row changed
+
+
 def test_one_stream_carries_many_subscriptions_each_event_named_by_its_own(site: Site) -> None:
     """`/live/streams?s=...`: what a browser's tabs share (live-worker.js), each event's
     data `{"sub": key, "data": ...}`; a run's stream inside it ends as the run's does."""

@@ -287,3 +287,61 @@ def test_ten_live_tabs_share_one_stream_and_an_eleventh_page_loads_at_once(serve
             expect(first.locator("#runs")).to_contain_text("invasion", timeout=15_000)
         finally:
             browser.close()
+
+
+# A run that holds one lease and then waits an hour: in flight for as long as a test needs.
+HELD = """\
+id: held
+cleanup: auto
+phases:
+  - name: omen
+    steps:
+      - action: core.lease
+        name: fog
+        with: {lease: sandbox.weather, target: yew, value: fog}
+  - name: later
+    after: 1h
+    steps:
+      - action: sandbox.broadcast
+        with: {message: the fog lifts}
+"""
+
+
+def test_an_open_ledger_never_contradicts_itself_when_its_run_is_cleaned_up(server: tuple[str, str]) -> None:
+    """Before: with a ledger open while its run was cancelled and cleaned up, the rows said
+    `reverted` while the plan still listed a restore and the clean-up card said the run
+    was in flight, until a reload. Now the whole page is redrawn together."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token = server
+    headers = {"Authorization": f"Bearer {token}"}
+    stored = httpx.post(
+        f"{base}/api/v1/events", content=HELD.encode(), headers={**headers, "content-type": "text/plain"}
+    )
+    assert stored.status_code == 201, stored.text
+    run = httpx.post(f"{base}/api/v1/runs", json={"event": "held"}, headers=headers).json()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{base}/api/v1/runs/{run['id']}", headers=headers).json()["phase"] < 1:
+        assert time.monotonic() < deadline, "the run never reached its second phase"
+        time.sleep(0.1)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1366, "height": 900})
+            page.goto(f"{base}/login")
+            page.fill("#token", token)
+            page.click("button[type=submit]")
+            expect(page.locator("h1")).to_have_text("Runs")
+            page.goto(f"{base}/runs/{run['id']}/ledger")
+            expect(page.locator("#plan")).to_contain_text("restore")
+            expect(page.locator("main")).to_contain_text("The run is in flight")
+            page.wait_for_timeout(1000)  # its stream is open: what changes next is heard
+            cancelled = httpx.post(f"{base}/api/v1/runs/{run['id']}/cancel", headers=headers)
+            assert cancelled.status_code == 202, cancelled.text
+            expect(page.locator("#ledger")).to_contain_text("reverted", timeout=15_000)
+            expect(page.locator("#cleanup-status")).to_contain_text("complete", timeout=15_000)
+            expect(page.locator("#plan")).to_contain_text("Nothing to clean up")
+            expect(page.locator("main")).not_to_contain_text("The run is in flight")
+            expect(page.locator("#cleanup-report")).to_be_visible()
+        finally:
+            browser.close()

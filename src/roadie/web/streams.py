@@ -34,8 +34,11 @@ async def watch_stream(state: WebState, what: str, run: int | None) -> AsyncIter
 
     async def ledger() -> Any:
         assert run is not None
+        # Everything the ledger page draws from the run itself (the clean-up card's words
+        # follow its status; the last report, its cleanup's end), beside its rows.
         found = await store.get_run(run)
-        return found.cleanup_status, [(r.id, r.state) for r in await store.list_resources(run)]
+        said = (found.status, found.cancel_requested, found.cleanup_status, found.cleanup_ended_at)
+        return said, [(r.id, r.state) for r in await store.list_resources(run)]
 
     async def leases() -> Any:
         return [(r.id, r.state, r.until) for r in await store.leases_in_force()]
