@@ -362,6 +362,39 @@ def test_signing_in_needs_the_sign_in_pages_own_form(site: Site) -> None:
     assert site.client.get("/api/v1/me").json()["via"] == "session"
 
 
+def test_a_deep_link_opened_signed_out_lands_on_its_page_after_signing_in(site: Site) -> None:
+    """Before: /runs/5/ledger opened signed out went to the sign-in page, and signing in
+    landed on the runs list. Now the page asked for is carried through signing in."""
+    site.client.cookies.clear()
+    asked = site.client.get("/runs/5/ledger?member=a", headers={"accept": "text/html"}, follow_redirects=False)
+    assert asked.status_code == 303
+    assert asked.headers["location"] == "/login?next=%2Fruns%2F5%2Fledger%3Fmember%3Da"
+    page = site.client.get(asked.headers["location"])
+    assert '<input type="hidden" name="next" value="/runs/5/ledger?member=a">' in page.text
+    form = {"token": site.tokens["viewer"], "csrf": _login_form_token(site), "next": "/runs/5/ledger?member=a"}
+    signed_in = site.client.post("/login", data=form, follow_redirects=False)
+    assert (signed_in.status_code, signed_in.headers["location"]) == (303, "/runs/5/ledger?member=a")
+
+
+def test_signing_in_goes_on_to_no_other_site(site: Site) -> None:
+    """Where signing in goes next is only ever a path on this site: a link to the sign-in
+    page naming another site (an open redirect) lands on the runs list."""
+    for elsewhere in (
+        "https://evil.example/",
+        "//evil.example/runs",
+        "/\\evil.example",
+        "/\t/evil.example",
+        "javascript:alert(1)",
+        "runs",
+    ):
+        site.client.cookies.clear()
+        page = site.client.get("/login", params={"next": elsewhere})
+        assert 'name="next"' not in page.text, elsewhere
+        form = {"token": site.tokens["viewer"], "csrf": _login_form_token(site), "next": elsewhere}
+        signed_in = site.client.post("/login", data=form, follow_redirects=False)
+        assert (signed_in.status_code, signed_in.headers["location"]) == (303, "/"), elsewhere
+
+
 def test_every_answer_carries_the_security_headers_and_signed_in_pages_are_not_stored(site: Site) -> None:
     """Before: no Cache-Control, X-Frame-Options or content policy, so back after signing
     out showed the cached page, and any site could frame the dashboard."""

@@ -231,7 +231,7 @@ async def _roadie_error(request: Request, exc: Exception) -> Response:
             web.database.failed(exc)  # the next request is answered at once
     if _wants_html(request):
         if code == 401:
-            return RedirectResponse("/login", status_code=303)
+            return RedirectResponse(dashboard.login_address(request), status_code=303)
         return dashboard.error_page(request, code, exc.message)
     body: dict[str, Any] = {"error": exc.message, "field": None}
     if isinstance(exc, DefinitionError):

@@ -14,6 +14,7 @@ import json
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -123,11 +124,36 @@ def _back(url: str) -> Response:
 LOGIN_CSRF = "roadie_login_csrf"
 
 
-def _login_form(request: Request, status_code: int = 200, error: str | None = None) -> Response:
+def local_path(target: str) -> str | None:
+    """`target` when it is a path on this site (`/runs/5/ledger?member=a`), else None.
+
+    Where signing in goes next comes from the address, which anyone can write: taken
+    as it is, a link to this site's sign-in page could send staff on to another site
+    that looks like it (an open redirect). So only a path is taken: no scheme, no host,
+    not `//host` nor `/\\host` (which browsers read as `//host`), and no control
+    character or space (browsers drop a tab or newline, turning `/<tab>/host` into `//host`)."""
+    if len(target) > 2000 or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return None
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in target):
+        return None
+    parts = urlsplit(target)
+    return target if not parts.scheme and not parts.netloc else None
+
+
+def login_address(request: Request) -> str:
+    """The sign-in page, saying to come back to the page asked for (a GET's own address)."""
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    back = local_path(here) if request.method == "GET" and here != "/" else None
+    return "/login" + (f"?{urlencode({'next': back})}" if back else "")
+
+
+def _login_form(request: Request, status_code: int = 200, error: str | None = None, then: str = "") -> Response:
     """The sign-in page, with a fresh token for its form in a cookie of its own (double
-    submit): a page on another site cannot sign a browser in under the attacker's token."""
+    submit): a page on another site cannot sign a browser in under the attacker's token.
+    `then` is where signing in goes next (a local path, else nowhere but the runs)."""
     token = secrets.token_urlsafe(24)
-    response = _render(request, "login.html", None, status_code=status_code, error=error, login_csrf=token)
+    then = local_path(then) or ""
+    response = _render(request, "login.html", None, status_code=status_code, error=error, login_csrf=token, then=then)
     response.set_cookie(
         LOGIN_CSRF,
         token,
@@ -140,24 +166,30 @@ def _login_form(request: Request, status_code: int = 200, error: str | None = No
 
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request) -> Response:
-    return _login_form(request)
+async def login_page(request: Request, then: Annotated[str, Query(alias="next", max_length=2000)] = "") -> Response:
+    return _login_form(request, then=then)
 
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(
-    request: Request, token: Annotated[str, Form(max_length=400)], csrf: Annotated[str, Form(max_length=100)] = ""
+    request: Request,
+    token: Annotated[str, Form(max_length=400)],
+    csrf: Annotated[str, Form(max_length=100)] = "",
+    then: Annotated[str, Form(alias="next", max_length=2000)] = "",
 ) -> Response:
-    """Sign in with an API token; the session then carries its role."""
+    """Sign in with an API token; the session then carries its role. Then on to `next`,
+    the page asked for before signing in, when it is a path on this site; else the runs."""
     expected = request.cookies.get(LOGIN_CSRF, "")
     if not expected or not hmac.compare_digest(csrf.encode(), expected.encode()):
-        return _login_form(request, 403, "This sign-in form has expired or came from elsewhere; sign in again.")
+        return _login_form(
+            request, 403, "This sign-in form has expired or came from elsewhere; sign in again.", then=then
+        )
     state = state_of(request)
     row = await auth.check_token(state, token)
     if row is None:
-        return _login_form(request, 401, "That token is not valid.")
+        return _login_form(request, 401, "That token is not valid.", then=then)
     cookie = await auth.open_session(state, row)
-    response = _back("/")
+    response = _back(local_path(then) or "/")
     response.set_cookie(
         COOKIE,
         cookie,
