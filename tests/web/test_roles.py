@@ -437,6 +437,19 @@ def test_a_bad_address_in_a_browser_is_a_page_not_json(site: Site) -> None:
     assert api.json()["field"]
 
 
+def test_the_refused_and_unknown_pages_have_the_sites_header_and_navigation(site: Site) -> None:
+    """Before: a 403 (a viewer's post) and the 404 of an unknown path came without the
+    site's navigation or the sign-out button, a dead end. Now they have both."""
+    csrf = _login(site, "viewer")
+    html = {"accept": "text/html"}
+    refused = site.client.post("/runs", data={"csrf": csrf, "event": "quick-raid"}, headers=html)
+    unknown = site.client.get("/nowhere/at/all", headers=html)
+    for page, code in ((refused, 403), (unknown, 404)):
+        assert page.status_code == code
+        assert '<a href="/events">Events</a>' in page.text, code
+        assert "Sign out" in page.text, code
+
+
 def test_an_event_file_can_be_chosen_checked_without_storing_and_compared_with_its_last_version(site: Site) -> None:
     """Before: uploading meant pasting text, every upload stored, and nothing showed what
     a new version changed. Now a file can be chosen (multipart), `check` says whether it

@@ -9,6 +9,7 @@ requests unless told not to. Errors are turned into responses in one place,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -28,7 +29,7 @@ from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, 
 from roadie.remote.gateway import gateway_router
 from roadie.runtime import Context, open_context
 from roadie.web import api, bodies, dashboard, streams
-from roadie.web.auth import Forbidden, Unauthenticated, state_of
+from roadie.web.auth import Forbidden, Unauthenticated, identify, state_of
 from roadie.web.live import Broker
 from roadie.web.metrics import CONTENT_TYPE, Metrics
 from roadie.web.outage import DatabaseWatch, RefuseWhileDown
@@ -280,5 +281,10 @@ def _not_json(request: Request, error: Any) -> str | None:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     if _wants_html(request) and exc.status_code == 404:
+        # No route ran, so nothing asked who is calling: ask, so that a signed-in
+        # viewer's 404 page has the site's header and navigation like any other page.
+        # A database that does not answer leaves the page without them.
+        with contextlib.suppress(RoadieError):
+            request.state.principal = await identify(request)
         return dashboard.error_page(request, 404, "no such page")
     return JSONResponse({"error": str(exc.detail), "field": None}, status_code=exc.status_code, headers=exc.headers)

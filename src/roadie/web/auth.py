@@ -165,10 +165,10 @@ def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
         principal = await identify(request)
         if principal is None:
             raise Unauthenticated()
+        request.state.principal = principal  # known, even when refused: the 403 page has its header
         if not principal.role.allows(role):
             raise Forbidden(f"this needs the {role.value} role; token {principal.actor!r} is {principal.role.value}")
         await _check_csrf(request, principal)
-        request.state.principal = principal
         return principal
 
     dependency.__name__ = f"require_{role.value}"
