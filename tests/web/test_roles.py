@@ -450,6 +450,23 @@ def test_the_refused_and_unknown_pages_have_the_sites_header_and_navigation(site
         assert "Sign out" in page.text, code
 
 
+def test_a_viewer_is_told_where_a_control_would_be_that_its_role_cannot_use(site: Site) -> None:
+    """Before: a viewer saw no start form, cancel button or clean-up card, and nothing
+    saying why. Now one line stands where each would be: its role cannot, who can."""
+    site.upload(SLOW)
+    run = site.post("/api/v1/runs", "operator", json={"event": "slow-raid"}).json()
+    pages = {
+        "/": ("start-note", "start a run"),
+        "/events/slow-raid": ("start-note", "start a run"),
+        f"/runs/{run['id']}": ("cancel-note", "cancel a run"),
+        f"/runs/{run['id']}/ledger": ("cleanup-note", "clean up a run"),
+    }
+    for path, (note, what) in pages.items():
+        said = f'id="{note}">Your role (viewer) cannot {what}: an operator or admin can.</p>'
+        assert said in site.get(path, "viewer").text, path
+        assert f'id="{note}"' not in site.get(path, "operator").text, path
+
+
 def test_an_event_file_can_be_chosen_checked_without_storing_and_compared_with_its_last_version(site: Site) -> None:
     """Before: uploading meant pasting text, every upload stored, and nothing showed what
     a new version changed. Now a file can be chosen (multipart), `check` says whether it
