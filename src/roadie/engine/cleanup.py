@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -85,11 +85,20 @@ def describe(kind: str, ref: str, payload: Any) -> str:
         label = payload.get("label") or payload.get("name")
         if isinstance(label, str) and label:
             return f"{label} ({kind} {ref})"
-        what = next((payload[k] for k in ("kind", "type", "species") if isinstance(payload.get(k), str)), None)
-        where = next((payload[k] for k in ("region", "zone", "map", "world") if isinstance(payload.get(k), str)), None)
-        if what:
-            return f"{what}{f' in {where}' if where else ''} ({kind} {ref})"
+        said = what_and_where(payload)
+        if said:
+            return f"{said} ({kind} {ref})"
     return f"{kind} {ref}"
+
+
+def what_and_where(said: Mapping[str, Any]) -> str | None:
+    """What a thing is and where (`orc in britain`), from the words modules use for them
+    (`kind`, `type` or `species`; `region`, `zone`, `map` or `world`), or None when
+    nothing says what it is. A resource's payload says it so, and so do the params of
+    the step that makes one."""
+    what = next((said[k] for k in ("kind", "type", "species") if isinstance(said.get(k), str)), None)
+    where = next((said[k] for k in ("region", "zone", "map", "world") if isinstance(said.get(k), str)), None)
+    return f"{what}{f' in {where}' if where else ''}" if what else None
 
 
 @dataclass
