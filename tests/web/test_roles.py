@@ -341,6 +341,21 @@ def test_the_start_form_refuses_a_run_whose_setting_is_held_and_offers_to_force_
     assert forced.detail["overridden"][0]["held_by"] == holder["id"]
 
 
+def test_a_preview_says_what_each_step_would_make_in_the_worlds_words(site: Site) -> None:
+    """Before: a preview named each step's action only. Now a step that makes a count of
+    a kind somewhere says so as its ledger rows will ("3 golden goose in yew", the
+    action's default count when the step gives none), and any other step says its params."""
+    site.upload(QUICK.replace("kind: raider", "kind: golden goose"))
+    site.upload(QUICK.replace("id: quick-raid", "id: one-goose").replace(', count: "{{ count }}"', ""))
+    csrf = _login(site, "operator")
+    form = {"param.region": "yew", "param.count": "3", "preview": "1", "csrf": csrf}
+    text = site.client.post("/events/quick-raid/runs", data=form).text
+    assert "raiders <code>sandbox.spawn</code>: 3 golden goose in yew</li>" in text
+    assert "<code>sandbox.broadcast</code>: message=&#34;Raiders near yew&#34;</li>" in text
+    one = site.client.post("/events/one-goose/runs", data=form).text
+    assert "raiders <code>sandbox.spawn</code>: 1 raider in yew</li>" in one
+
+
 def test_signing_in_needs_the_sign_in_pages_own_form(site: Site) -> None:
     """Before: a page on another site could post a token to /login and sign a browser in
     as the attacker (login CSRF). Now the form carries a token that must match a cookie

@@ -6,6 +6,7 @@ Each function is one operator action, with the same rules as its CLI command.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -13,9 +14,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from roadie.definitions import EventDefinition, ScheduleDef, load_definition, render
+from roadie.definitions.catalogue import schema_of
 from roadie.engine import preflight, schedules
-from roadie.engine.cleanup import CleanupReport, PlannedCall
+from roadie.engine.cleanup import CleanupReport, PlannedCall, what_and_where
 from roadie.errors import DefinitionError, InvalidState, NotFound, Problem
+from roadie.registry import Registry
 from roadie.states import CleanupStatus, RunStatus
 from roadie.store.rows import EventRow, RunRow
 from roadie.web.state import WebState
@@ -101,7 +104,11 @@ async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) 
     frozen = await asyncio.to_thread(render, definition, definition.resolve_params(params), state.registry)
     [found] = await preflight.check(state.store, state.registry, [frozen])
     phases = [
-        {"name": phase.name, "after": phase.after, "steps": [(s.name, s.action) for s in phase.steps]}
+        {
+            "name": phase.name,
+            "after": phase.after,
+            "steps": [(s.name, s.action, step_words(state.registry, s.action, s.params)) for s in phase.steps],
+        }
         for phase in frozen.phases
     ]
     borrows = [
@@ -109,6 +116,20 @@ async def preview_run(state: WebState, event: EventRow, params: dict[str, Any]) 
         for b in found.borrows
     ]
     return {"phases": phases, "borrows": borrows, "offline": found.offline, "cleanup": definition.cleanup.value}
+
+
+def step_words(registry: Registry, action: str, params: dict[str, Any]) -> str:
+    """What a step would make, in the world's words, said from its params as its ledger
+    rows will be (`3 golden goose in yew`): a `count` (or the action's default for it)
+    of a `kind` somewhere. A step whose params do not say so is its params, as rendered."""
+    said = what_and_where(params)
+    count = params.get("count")
+    if count is None:
+        count = schema_of(registry.action(action)).get("properties", {}).get("count", {}).get("default")
+    if said and isinstance(count, int) and not isinstance(count, bool):
+        return f"{count} {said}"
+    given = {name: value for name, value in params.items() if value is not None}  # not the unset optionals
+    return ", ".join(f"{name}={json.dumps(value, ensure_ascii=False)}" for name, value in given.items())
 
 
 async def start_runs(
