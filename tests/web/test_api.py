@@ -206,6 +206,23 @@ def test_a_run_that_ended_with_rows_live_says_so_on_its_page_until_cleaned_up(si
     assert ("Run cleanup" not in ledger, "Read the world back again" in ledger) == (True, True)
 
 
+def test_the_ledger_says_roadies_own_kinds_in_words_and_keeps_the_raw_key_at_hand(site: Site) -> None:
+    """Before: a step's placeholder and a layer of a lease showed as `@step` and `@layer`
+    with a raw step key. Now they say which step (and phase) or which lease and priority,
+    the raw kind and key still there (a title, a details element)."""
+    broadcast = "      - action: sandbox.broadcast\n"
+    banner = "      - action: core.lease\n        with: {lease: sandbox.motd, value: hi, priority: 20}\n"
+    site.upload(QUICK.replace(broadcast, banner + broadcast))
+    run = site.wait_settled(_start(site)["id"])
+    rows = site.get(f"/api/v1/runs/{run['id']}/ledger").json()
+    key = next(r["ref"] for r in rows if r["kind"] == "@step")
+    page = site.get(f"/runs/{run['id']}/ledger").text
+    assert '<span title="kind @step">placeholder for step &#39;raiders&#39; (phase 2)</span>' in page
+    assert '<span title="kind @layer">layer of sandbox.motd, priority 20</span>' in page
+    assert f"<summary>step key</summary><code>{key}</code>" in page
+    assert "<td>@step</td>" not in page
+
+
 def test_a_finished_runs_page_is_drawn_once_and_drawn_again_when_its_rows_change(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:

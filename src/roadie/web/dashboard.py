@@ -25,8 +25,16 @@ from roadie.definitions import EventDefinition
 from roadie.definitions.catalogue import catalogue
 from roadie.engine.cleanup import describe
 from roadie.errors import DefinitionError, PreflightRefused, Problem, RoadieError
-from roadie.states import CLEANUP_DUE, STEP_KIND, ResourceState, RunStatus, StepStatus, WorkerState
-from roadie.store.rows import ResourceRow
+from roadie.states import (
+    CLEANUP_DUE,
+    LAYER_KIND,
+    STEP_KIND,
+    ResourceState,
+    RunStatus,
+    StepStatus,
+    WorkerState,
+)
+from roadie.store.rows import ResourceRow, StepRow
 from roadie.views import Lease
 from roadie.web import auth, service
 from roadie.web.api import RowId
@@ -50,6 +58,22 @@ def _world_words(row: ResourceRow) -> str:
 
 
 templates.env.filters["world_words"] = _world_words
+
+
+def _kind_words(row: ResourceRow, steps: dict[int, StepRow]) -> str | None:
+    """A row of Roadie's own kinds in words: a step's placeholder by its step's name and
+    phase, a layer of a lease that stacks by its lease and priority. None for a module's
+    kind, which is already its world's word (`creature`)."""
+    if row.kind == STEP_KIND:
+        step = steps.get(row.step_id) if row.step_id is not None else None
+        return f"placeholder for step {step.name!r} (phase {step.phase + 1})" if step else "placeholder for a step"
+    if row.kind == LAYER_KIND:
+        payload = row.payload if isinstance(row.payload, dict) else {}
+        return f"layer of {payload.get('lease', 'a lease')}, priority {payload.get('priority')}"
+    return None
+
+
+templates.env.globals["kind_words"] = _kind_words
 
 
 @functools.lru_cache(maxsize=256)
@@ -534,7 +558,10 @@ async def ledger_page(request: Request, run_id: RowId, who: Viewer, member: str 
     context = await _run_context(request, run_id)
     calls = await service.plan(state_of(request), run_id, member or None)
     preview = await state_of(request).engine.cleanup.preview(run_id, member or None)
-    return _render(request, "ledger.html", who, plan=calls, preview=preview, member=member or "", **context)
+    steps = {s.id: s for s in context["steps"]}
+    return _render(
+        request, "ledger.html", who, plan=calls, preview=preview, member=member or "", steps_by_id=steps, **context
+    )
 
 
 @router.post("/runs/{run_id}/cancel")
