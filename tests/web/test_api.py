@@ -605,6 +605,21 @@ def test_the_audit_log_is_filtered_by_who_what_run_and_time_and_paged(site: Site
     assert "event.apply" not in page
 
 
+def test_the_audit_page_shows_each_detail_as_a_key_and_its_value_escaped(site: Site) -> None:
+    """Before: an entry's detail was its raw JSON. Now it is a definition list, a key and
+    its value each (a string as it is, anything else as JSON), and what a caller wrote
+    is escaped."""
+    from datetime import UTC, datetime
+
+    detail = {"event": "quick-raid", "params": {"region": "<script>alert(1)</script>", "count": 2}}
+    site.store_call(lambda s: s.write_audit(datetime.now(UTC), "mallory", "run.start", "run:9", detail))
+    page = site.get("/audit?actor=mallory").text
+    assert "<dt>event</dt><dd>quick-raid</dd>" in page
+    params = "{&#34;region&#34;: &#34;&lt;script&gt;alert(1)&lt;/script&gt;&#34;, &#34;count&#34;: 2}"
+    assert f"<dt>params</dt><dd>{params}</dd>" in page
+    assert "<script>alert" not in page
+
+
 def test_the_cli_json_shows_each_object_as_the_api_does(site: Site) -> None:
     """One serialisation (`roadie.views`): what `--json` prints of a run, its steps and
     ledger, the events, leases, audit, workers and tokens is what the API answers."""

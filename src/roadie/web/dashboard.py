@@ -76,6 +76,15 @@ def _kind_words(row: ResourceRow, steps: dict[int, StepRow]) -> str | None:
 templates.env.globals["kind_words"] = _kind_words
 
 
+def _detail_value(value: Any) -> str:
+    """One value of an audit entry's detail as text: a string as it is, else as JSON. The
+    template escapes it, so that what a caller wrote (an event's param) stays text."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+templates.env.filters["detail_value"] = _detail_value
+
+
 @functools.lru_cache(maxsize=256)
 def _state(value: str) -> Markup:
     """A state's badge. A function rather than a Jinja macro: a run page draws one per
