@@ -64,7 +64,20 @@ class Verdict(StrEnum):
 
     VERIFIED_CLEAN = "verified_clean"  # every reverted resource and restored lease inspected: gone, given back
     PARTIALLY_ROLLED_BACK = "partially_rolled_back"  # something came back, is still there, or was not inspected
-    UNVERIFIED = "unverified"  # clean as far as inspected; some rows' modules cannot inspect
+    UNVERIFIED = "unverified"  # clean as far as inspected; some rows cannot be inspected, or were left alone
+
+
+def judge_cleanup(read_back: Verdict, status: CleanupStatus, left_alone: int) -> Verdict:
+    """A cleanup's verdict, from what reading the world back found (`read_back`) and how
+    the cleanup ended: never one that its status contradicts. *Verified clean* needs the
+    cleanup `complete` with nothing left alone: a row still live (a revert that failed, a
+    lease another restorer holds) is something still in the world, and a value left alone
+    (set by hand since) is a world that is not what it was before the run."""
+    if status in (CleanupStatus.INCOMPLETE, CleanupStatus.PENDING, CleanupStatus.ROLLED_BACK):
+        return Verdict.PARTIALLY_ROLLED_BACK
+    if read_back is Verdict.VERIFIED_CLEAN and left_alone:
+        return Verdict.UNVERIFIED
+    return read_back
 
 
 class StepStatus(StrEnum):

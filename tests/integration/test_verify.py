@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import Harness
 
-from roadie.states import AUTO_CLEANUP_ROUNDS
+from roadie.states import AUTO_CLEANUP_ROUNDS, OVERRIDE_KIND
 
 ORCS = """
 id: verify
@@ -140,7 +140,11 @@ def test_a_reused_id_and_a_setting_changed_by_hand_are_left_alone(harness: Harne
         assert report.verdict == "partially_rolled_back"
         assert harness.world.snapshot()["creatures"] == {serials[0]: {"kind": "horse", "region": "britain"}}
         assert harness.world.read_weather("britain") == "fog"
-        assert (await harness.engine.clean_up(run.id)).verdict == "verified_clean"
+        # The orcs are gone; the weather shows neither its saved value nor the run's: the
+        # world is not proved what it was, and the fog is named.
+        report = await harness.engine.clean_up(run.id)
+        assert (report.status, report.verdict) == ("complete", "unverified")
+        assert [f["finding"] for f in report.verification["findings"]] == ["changed"]
 
     harness.run(body)
 
@@ -158,7 +162,7 @@ def test_a_setting_changed_by_hand_during_the_event_is_not_written_over(harness:
         assert (report.status, report.restored, report.left_alone) == ("complete", 0, 1)
         assert harness.world.read_weather("britain") == "fog"
         found = report.verification
-        assert (found["changed"], report.verdict) == (1, "verified_clean")
+        assert (found["changed"], report.verdict) == (1, "unverified")
         assert [f["finding"] for f in found["findings"]] == ["changed"]
         assert await harness.store.leases_in_force() == []  # the target is free again
 
@@ -242,5 +246,56 @@ def test_a_world_that_keeps_coming_back_stops_being_retried(harness: Harness, tm
         [proved] = await harness.settle(run)  # the workers prove this redo
         assert proved.cleanup_report is not None
         assert (proved.cleanup_status, proved.cleanup_report["verdict"]) == ("complete", "verified_clean")
+
+    harness.run(body)
+
+
+def test_a_cleanup_left_incomplete_is_never_verified_clean(harness: Harness) -> None:
+    """Two orcs' revert fails, the storm and the other step's orcs are taken back: the
+    cleanup ends `incomplete`, and the orcs still in the world make the verdict *partially
+    rolled back*, not *verified clean* over what was read back (CI saw `incomplete, 2
+    failed` told as `verified clean: 5 read back, 5 gone`)."""
+
+    async def body() -> None:
+        text = ORCS.replace(
+            "count: 3}",
+            "count: 3}\n      - {action: sandbox.spawn, name: pair, with: {kind: orc, region: britain, count: 2}}",
+        )
+        run = await harness.start(text)
+        await harness.settle(run)
+        harness.world.fail_reverts_next(1)  # the newest step's revert: the pair
+        report = await harness.engine.clean_up(run.id)
+        assert (report.status, report.failed, report.verification["gone"]) == ("incomplete", 2, 4)
+        assert report.verdict == "partially_rolled_back"
+        stored = (await harness.get_run(run)).cleanup_report
+        assert stored is not None
+        assert (stored["status"], stored["verdict"], stored["verification"]["verdict"]) == (
+            "incomplete",
+            "partially_rolled_back",
+            "partially_rolled_back",
+        )
+        report = await harness.engine.clean_up(run.id, again=True)
+        assert (report.status, report.verdict) == ("complete", "verified_clean")
+
+    harness.run(body)
+
+
+def test_a_cleanup_left_pending_is_never_verified_clean(harness: Harness) -> None:
+    """The expiry sweeper holds the storm's row when the cleanup comes to it: the orcs are
+    gone, but the storm is not given back yet and the cleanup stays `pending`: its verdict
+    is *partially rolled back*, not *verified clean*."""
+
+    async def body() -> None:
+        run = await harness.start(ORCS.replace("value: storm}", "value: storm, for: 10s}"))
+        await harness.settle(run)
+        harness.clock.advance(11)
+        [row] = [r for r in await harness.store.list_resources(run.id, live_only=True) if r.kind == OVERRIDE_KIND]
+        assert await harness.store.claim_expired_lease(row.id, "sweeper", harness.clock.now(), 60.0)
+        report = await harness.engine.clean_up(run.id)
+        assert (report.status, report.held, report.verification["gone"]) == ("pending", 1, 3)
+        assert report.verdict == "partially_rolled_back"
+        stored = (await harness.get_run(run)).cleanup_report
+        assert stored is not None
+        assert (stored["status"], stored["verdict"]) == ("pending", "partially_rolled_back")
 
     harness.run(body)

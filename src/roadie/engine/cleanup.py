@@ -35,6 +35,7 @@ from roadie.states import (
     ResourceState,
     RunStatus,
     Verdict,
+    judge_cleanup,
 )
 from roadie.store import CleanupClaim, Store, mint_token
 from roadie.store.records import LiveGroup
@@ -110,6 +111,7 @@ class _Marks:
     failed: dict[int, str] = field(default_factory=dict)
     this_round: set[int] = field(default_factory=set)  # every row this cleanup reverted
     held: set[int] = field(default_factory=set)  # lease rows another restorer held when this cleanup came
+    left_alone: list[tuple[ResourceRow, StepRow | None, Any]] = field(default_factory=list)  # and what was shown
 
 
 @dataclass
@@ -352,6 +354,10 @@ class Cleanup:
         found, reopened = await verifier.run(member_key, marks.this_round)
         if reopened:
             await self._revert_live(claim, member_key, report, marks, only=set(reopened))
+        named = {f["resource"] for f in found.findings if f["finding"] == "changed"}
+        for row, step, shown in marks.left_alone:
+            if row.id not in named:  # read back since as something else: still named
+                found.note("changed", row, step, f"left alone: the world showed {shown!r:.60}, set by someone else")
         report.verdict = found.verdict.value
         report.verification = found.as_dict()
         report.late.extend(found.late)
@@ -373,6 +379,8 @@ class Cleanup:
             found_held=marks.held,
         )
         report.status = status.value
+        report.verdict = judge_cleanup(found.verdict, status, report.left_alone).value  # as the store judged it
+        report.verification["verdict"] = report.verdict
         log.info(
             "cleanup finished",
             run_id=run_id,
@@ -448,6 +456,7 @@ class Cleanup:
                     report.restored += 1
                 else:  # someone set it since: theirs now, and the verdict names it
                     report.left_alone += 1
+                    marks.left_alone.append((row, step, changed.shown))
                 return
             async with self._deadline():
                 failures = await self._revert(run_id, step, call)

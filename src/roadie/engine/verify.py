@@ -50,7 +50,9 @@ class Verification:
     def verdict(self) -> Verdict:
         if self.came_back or self.still_there or self.not_inspected:
             return Verdict.PARTIALLY_ROLLED_BACK
-        if self.unverifiable:
+        if self.unverifiable or self.changed:
+            # A setting changed by hand since is not the run's to take back, and not the
+            # value from before the run either: the world is not proved what it was.
             return Verdict.UNVERIFIED
         return Verdict.VERIFIED_CLEAN
 

@@ -24,6 +24,8 @@ from roadie.states import (
     CleanupStatus,
     ResourceState,
     RunStatus,
+    Verdict,
+    judge_cleanup,
 )
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
@@ -205,6 +207,9 @@ class CleanupQueries(Connector):
         transaction with the count of what is still live, so nothing recorded meanwhile can
         slip between the count and the verdict (late reports wait for the claim to go).
 
+        A report with a verdict has it judged against the status here
+        (`judge_cleanup`): *verified clean* only when `complete` with nothing left alone.
+
         `complete` when nothing is live, or `rolled_back` when the verification found
         the world partially rolled back (`rolled_back`: what came back was reverted
         again, and the next round is to prove it); `held` when it reverted nothing because
@@ -251,6 +256,12 @@ class CleanupQueries(Connector):
             else:
                 status = CleanupStatus.INCOMPLETE
             report["status"] = status.value
+            if report.get("verdict"):
+                # The verdict never contradicts the status it is told with (DESIGN §12).
+                judged = judge_cleanup(Verdict(report["verdict"]), status, int(report.get("left_alone") or 0))
+                report["verdict"] = judged.value
+                if isinstance(report.get("verification"), dict):
+                    report["verification"]["verdict"] = judged.value
             values: dict[str, Any] = {
                 "cleanup_report": report,
                 "cleanup_ended_at": now,
