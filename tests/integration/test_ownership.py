@@ -21,7 +21,7 @@ from tests.databases import Database
 from tests.integration.test_ledger_rules import one_step
 
 from roadie.engine import Engine, EngineOptions, leases
-from roadie.errors import InvalidState, PermanentError, StoreError
+from roadie.errors import ClaimLost, InvalidState, PermanentError, StoreError
 from roadie.registry import Call, Module
 from roadie.states import OVERRIDE_KIND, Reversible
 from roadie.store import NewResource, Store
@@ -457,5 +457,63 @@ phases:
         held = None if row.until is None else (row.until - started).total_seconds()
         assert held == expected
         assert harness.probe.dial == 3
+
+    harness.run(body)
+
+
+def test_a_lease_row_being_restored_cannot_be_forgotten_under_its_restorer(harness: Harness) -> None:
+    """Issue 37: while the expiry sweeper is inside its restore write, an admin forgets the
+    row. That used to free the target at once: run B borrowed it (7), the sweeper's
+    restore then wrote 1.5 over B's value, and marked the `abandoned` row `reverted`. The
+    forget is refused while the restorer's claim holds; B is refused the target while it
+    is being given back; the world shows the value from before A."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold=", for: 10s"))
+        [a] = await harness.settle(a)
+        [row] = await harness.resources(a, OVERRIDE_KIND)
+        harness.clock.advance(11)
+        gate = Gate()
+        harness.probe.before_dial_write = gate
+        sweeper = asyncio.create_task(
+            leases.sweep_expired(harness.store, harness.registry, harness.clock, 60.0, incarnation="sweeper")
+        )
+        await gate.reached.wait()
+        try:
+            with pytest.raises(InvalidState, match="being given back"):
+                await harness.engine.cleanup.forget(row.id, actor="admin", reason="module gone")
+            b = await harness.start(LEASE.format(value=7, hold=""))
+            [b] = await harness.settle(b)
+        finally:
+            gate.open()
+        assert await sweeper == 1
+        assert b.status == "failed"
+        assert harness.probe.dial == 1.5
+        [row] = await harness.resources(a, OVERRIDE_KIND)
+        assert row.state == "reverted"
+
+    harness.run(body)
+
+
+def test_a_forgotten_lease_row_is_never_marked_restored(harness: Harness) -> None:
+    """A restorer whose claim ran out (it stalled) finds the row forgotten meanwhile: its
+    late `mark_lease_restored` fails and the row stays `abandoned`, never `reverted`."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold=", for: 10s"))
+        [a] = await harness.settle(a)
+        [row] = await harness.resources(a, OVERRIDE_KIND)
+        harness.clock.advance(11)
+        assert await harness.store.claim_expired_lease(row.id, "stalled", harness.clock.now(), 5.0)
+        harness.clock.advance(6)  # the stalled restorer's claim runs out
+        await harness.engine.cleanup.forget(row.id, actor="admin", reason="module gone")
+        with pytest.raises(ClaimLost):
+            await harness.store.mark_lease_restored(row.id, "stalled", harness.clock.now())
+        await harness.store.release_lease_row(row.id, "stalled", "too late", harness.clock.now())
+        [row] = await harness.resources(a, OVERRIDE_KIND)
+        assert (row.state, row.claim_token) == ("abandoned", None)
+        assert str(row.error).startswith("forgotten by admin")
 
     harness.run(body)

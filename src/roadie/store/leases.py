@@ -148,12 +148,17 @@ class LeaseQueries(Connector):
 
     async def mark_lease_restored(self, resource_id: int, token: str, now: datetime) -> None:
         """The expiry sweeper gave the value back: the row is reverted, its target freed.
+        Only a live row: one forgotten (abandoned) meanwhile stays abandoned.
         Claim: the row's (`token`). Raises `ClaimLost`, writing nothing, when it is gone."""
 
         async def work(conn: AsyncConnection) -> None:
             changed = await conn.execute(
                 update(run_resources)
-                .where(run_resources.c.id == resource_id, run_resources.c.claim_token == token)
+                .where(
+                    run_resources.c.id == resource_id,
+                    run_resources.c.claim_token == token,
+                    run_resources.c.state.in_(LIVE_STATES),
+                )
                 .values(**reverted(now))
             )
             if changed.rowcount != 1:
@@ -168,7 +173,11 @@ class LeaseQueries(Connector):
         async def work(conn: AsyncConnection) -> None:
             await conn.execute(
                 update(run_resources)
-                .where(run_resources.c.id == resource_id, run_resources.c.claim_token == token)
+                .where(
+                    run_resources.c.id == resource_id,
+                    run_resources.c.claim_token == token,
+                    run_resources.c.state.in_(LIVE_STATES),
+                )
                 .values(
                     error=error[:2000],
                     attempts=run_resources.c.attempts + 1,

@@ -274,19 +274,43 @@ class LedgerQueries(Connector):
         return result
 
     async def abandon_resource(self, resource_id: int, actor: str, reason: str, now: datetime) -> ResourceRow:
-        """An admin's `forget`: the row is kept as `abandoned`, its target freed, and audited."""
+        """An admin's `forget`: the row is kept as `abandoned`, its target freed, and audited.
+
+        Refused while a restorer (the expiry sweeper, or a cleanup) holds the row under a
+        claim that has not run out: its restore may be writing the world at this moment,
+        and freeing the target then would let another run borrow it and have that
+        restore land over the new value. A claim that ran out is let go with the row."""
 
         async def work(conn: AsyncConnection) -> ResourceRow:
-            row = (await conn.execute(select(run_resources).where(run_resources.c.id == resource_id))).first()
+            row = (
+                await conn.execute(select(run_resources).where(run_resources.c.id == resource_id).with_for_update())
+            ).first()
             if row is None:
                 raise NotFound(f"no resource {resource_id}")
             if row.state not in LIVE_STATES:
                 raise InvalidState(f"resource {resource_id} is {row.state}, not live")
-            await conn.execute(
+            if row.claim_token is not None and row.claim_expires is not None and row.claim_expires >= now:
+                raise InvalidState(
+                    f"resource {resource_id} is being given back (its restorer holds it until "
+                    f"{row.claim_expires.isoformat()}); forget it once that is over, if it is still live"
+                )
+            changed = await conn.execute(
                 update(run_resources)
-                .where(run_resources.c.id == resource_id)
-                .values(state=ResourceState.ABANDONED.value, updated_at=now, error=f"forgotten by {actor}: {reason}")
+                .where(
+                    run_resources.c.id == resource_id,
+                    run_resources.c.state.in_(LIVE_STATES),
+                    or_(run_resources.c.claim_token.is_(None), run_resources.c.claim_expires < now),
+                )
+                .values(
+                    state=ResourceState.ABANDONED.value,
+                    updated_at=now,
+                    error=f"forgotten by {actor}: {reason}",
+                    claim_token=None,
+                    claim_expires=None,
+                )
             )
+            if changed.rowcount != 1:
+                raise InvalidState(f"resource {resource_id} changed while it was being forgotten; try again")
             await record_audit(
                 conn,
                 now,
