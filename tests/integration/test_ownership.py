@@ -517,3 +517,41 @@ def test_a_forgotten_lease_row_is_never_marked_restored(harness: Harness) -> Non
         assert str(row.error).startswith("forgotten by admin")
 
     harness.run(body)
+
+
+def test_a_cleanup_whose_claim_had_expired_when_it_committed_acts_on_nothing(harness: Harness) -> None:
+    """Issue 37: the database took longer than a cleanup claim's lifetime to commit it, so
+    the claim was born expired and a second cleanup (a staff click) could take it at
+    once: both reverted the step. A claim already expired when it committed acts on
+    nothing: one revert call for the step."""
+
+    async def body() -> None:
+        run = await harness.start(one_step({"answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual"))
+        [run] = await harness.settle(run)
+        slow = [True]
+
+        def slow_commit(name: str) -> None:
+            if name == "claim_cleanup" and slow:
+                slow.clear()
+                harness.clock.advance(harness.engine.cleanup.claim_ttl + 1)
+
+        harness.write_points.extra = slow_commit
+        gate = Gate()
+        harness.probe.observe_revert = gate
+        first = asyncio.create_task(harness.engine.clean_up(run.id))
+        reached = asyncio.create_task(gate.reached.wait())
+        await asyncio.wait([first, reached], return_when=asyncio.FIRST_COMPLETED)
+        if not gate.reached.is_set():
+            gate.open()  # the first cleanup made no call: the staff's passes by
+        try:
+            report = await harness.engine.clean_up(run.id, actor="staff")
+        finally:
+            gate.open()
+            reached.cancel()
+        assert report.status == "complete"
+        with pytest.raises(ClaimLost):
+            await first
+        keys = [r.idempotency_key for r in harness.probe.reverts]
+        assert len(keys) == len(set(keys)) == 1
+
+    harness.run(body)

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -325,10 +325,16 @@ class Cleanup:
         if member_key is None and not RunStatus(run.status).terminal:
             raise InvalidState(f"run {run_id} is {run.status}; cancel it first, or clean up one member with --member")
         claim = CleanupClaim(run_id, mint_token(self.incarnation), self.claim_ttl)
+        claimed_at = self.clock.now()
         if not await self.store.claim_cleanup(
-            claim, self.worker, self.clock.now(), again=again, scoped=member_key is not None
+            claim, self.worker, claimed_at, again=again, scoped=member_key is not None
         ):
             raise InvalidState(f"run {run_id}'s cleanup is under way elsewhere, or not pending")
+        if self.clock.now() >= claimed_at + timedelta(seconds=self.claim_ttl):
+            # The claim runs from when it was asked for: a database that took longer than
+            # its lifetime to commit it handed over a claim anyone may take already, and
+            # two cleanups would revert the same steps. It acts on nothing.
+            raise ClaimLost(f"run {run_id}'s cleanup claim had run out by the time it was taken; nothing was done")
         await self.store.freshen_ledger_statistics(run_id)
         report = CleanupReport(run_id=run_id, status="", member_key=member_key, late=_late(run, self.clock.now()))
         over = await self._over_caps(run_id, member_key) if self.cap is not None or self.caps else {}
