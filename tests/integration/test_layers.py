@@ -217,3 +217,28 @@ def test_a_lease_whose_module_changed_its_mind_is_not_held_both_ways(harness: Ha
         assert motd(harness) == ""
 
     harness.run(body)
+
+
+def test_a_layer_pushed_over_a_value_set_by_hand_leaves_it_alone_and_says_so(harness: Harness) -> None:
+    """Issue 37: with a weekend layer (priority 10) in place, the motd is set by hand to
+    `MAINT-E`; a happy hour (priority 20) is pushed. It used to overwrite the hand value
+    without a word. Compare-before-write: the hour's layer goes in, the world is left
+    alone and the step says so; each cleanup leaves it alone too."""
+
+    async def body() -> None:
+        harness.world.set_setting("motd", "welcome")
+        weekend = await _started(harness, "weekend", "Double XP all weekend!", 10)
+        harness.world.set_setting("motd", "MAINT-E")  # a person
+        hour = await _started(harness, "hour", "Happy hour: triple XP!", 20)
+        assert motd(harness) == "MAINT-E"
+        step = await harness.step(hour, "banner")
+        assert step.output is not None
+        assert (step.output["left_alone"], step.output["shown"]) == ("MAINT-E", "MAINT-E")
+        report = await harness.engine.clean_up(hour)
+        assert (report.left_alone, report.verdict) == (1, "unverified")
+        assert motd(harness) == "MAINT-E"
+        report = await harness.engine.clean_up(weekend)
+        assert (report.left_alone, report.status) == (1, "complete")
+        assert motd(harness) == "MAINT-E"
+
+    harness.run(body)

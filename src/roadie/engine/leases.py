@@ -244,8 +244,16 @@ async def _push(store: Store, lease: Lease, call: LeaseCall, step: StepRow, row:
             base = stack.base if stack.base is not None and seen in stack.ours() else (seen,)
         top = stack.top(adding=mine) if base is None else (step.params["value"],)
         # Written when this layer is on top, or when a change died before the world showed
-        # what it was to (its `writing` is kept): then the top is written again.
+        # what it was to (its `writing` is kept): then the top is written again. Compare
+        # before write, as a restore does: over a layer in effect, a world showing neither
+        # the value from before the first layer nor one Roadie wrote was set by hand since,
+        # and is left alone (the layer goes in, the world is not written) and reported.
         writes = top == (step.params["value"],) or stack.writing is not None
+        changed = None
+        if writes and base is None and seen not in stack.ours() and (stack.base is None or seen != stack.base[0]):
+            log.warning("stacked value changed since: left alone", run_id=step.run_id, ref=step.lease_ref, shown=seen)
+            changed = Changed(seen)
+            writes = False
         await store.change_stack(
             stack, clock.now(), layer=row.id, payload=mine.payload, writing=top if writes else None, base=base
         )
@@ -267,7 +275,8 @@ async def _push(store: Store, lease: Lease, call: LeaseCall, step: StepRow, row:
             "lease": step.lease_ref,
             "priority": mine.priority,
             "value": step.params["value"],
-            "shown": top[0] if top else None,
+            "shown": seen if changed is not None else (top[0] if top else None),
+            **({"left_alone": changed.shown} if changed is not None else {}),
         },
         confirm_lease=True,
         lease_until=now + timedelta(seconds=float(hold)) if hold else None,
