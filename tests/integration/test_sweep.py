@@ -96,3 +96,30 @@ def test_a_creature_killed_during_the_event_respawns_after_cleanup_and_the_worke
         assert harness.world.snapshot() == before
 
     harness.run(body)
+
+
+def test_a_foreign_key_sharing_a_steps_run_phase_and_seq_hides_no_orphan(harness: Harness) -> None:
+    """Issue 37: keys are `nonce-run-phase-seq`. Another installation's object tagged with
+    a key that shares this run's warlord step's (run, phase, seq) used to collapse with
+    the warlord's own key in the lookup, so this run's orphans were counted "not ours".
+    The sweep matches each object on its whole key: the summons are swept, the foreign
+    object is left alone."""
+    harness.options.sweep_interval = None
+
+    async def body() -> None:
+        run = await harness.start(BOSS.replace("duration: 10m", "duration: 0s"))
+        [ended] = await harness.settle(run)
+        assert ended.status == "succeeded"
+        await harness.engine.clean_up(run.id)
+        step = await harness.step(run, "warlord")
+        nonce, rest = step.idempotency_key.split("-", 1)
+        foreign = f"{'f' * len(nonce)}-{rest}"
+        assert foreign != step.idempotency_key
+        harness.world.reuse_serial("0x40000001", "orc minion", "britain", tag=step.idempotency_key)  # a summon
+        harness.world.reuse_serial("0x7fff0001", "deer", "yew", tag=foreign)  # listed after it
+
+        [swept] = await harness.engine.sweeper.sweep()
+        assert (swept.orphans, swept.reverted, swept.unknown) == (1, 1, 1)
+        assert harness.world.snapshot()["creatures"] == {"0x7fff0001": {"kind": "deer", "region": "yew"}}
+
+    harness.run(body)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -29,12 +31,14 @@ class StepQueries(Connector):
     async def steps_by_keys(self, keys: list[str]) -> list[tuple[StepRow, str, str]]:
         """The steps these idempotency keys name, each with its run's status and cleanup
         status. A key is `nonce-run-phase-seq`: its run is read from it, so the lookup goes
-        along the (run, phase, seq) key; a key that is not one of ours names nothing."""
-        wanted: dict[tuple[int, int, int], str] = {}
+        along the (run, phase, seq) key; a key that is not one of ours names nothing. Each
+        step is matched on its whole key: another installation's key may share its (run,
+        phase, seq), and must neither name the step nor hide the key that does."""
+        wanted: dict[tuple[int, int, int], set[str]] = defaultdict(set)
         for key in keys:
             parts = key.rsplit("-", 3)
             if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
-                wanted[int(parts[1]), int(parts[2]), int(parts[3])] = key
+                wanted[int(parts[1]), int(parts[2]), int(parts[3])].add(key)
 
         async def work(conn: AsyncConnection) -> list[tuple[StepRow, str, str]]:
             found: list[tuple[StepRow, str, str]] = []
@@ -45,7 +49,7 @@ class StepQueries(Connector):
                     .where(tuple_(steps.c.run_id, steps.c.phase, steps.c.seq).in_(chunk))
                 )
                 for r in await conn.execute(query):
-                    if wanted.get((r.run_id, r.phase, r.seq)) == r.idempotency_key:
+                    if r.idempotency_key in wanted.get((r.run_id, r.phase, r.seq), ()):
                         found.append((from_row(StepRow, r), str(r.run_status), str(r.run_cleanup)))
             return found
 
