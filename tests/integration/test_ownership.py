@@ -555,3 +555,71 @@ def test_a_cleanup_whose_claim_had_expired_when_it_committed_acts_on_nothing(har
         assert len(keys) == len(set(keys)) == 1
 
     harness.run(body)
+
+
+def test_a_worker_whose_claim_ran_out_never_lands_its_borrow(harness: Harness) -> None:
+    """Issue 37, item 2: worker E1 borrows the dial (5) under a step with `timeout: 10m`
+    (claims live 60 s) and stalls reading it; its heartbeats fail. Once its own clock
+    passes the claim's expiry it cuts the call: it saves nothing and never writes the
+    world. E2 takes the step over, run A ends and its cleanup restores 1.5, run B borrows
+    7, and E1's borrow, let go at last, lands nowhere: the world keeps B's 7 (it used to
+    end at 5)."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
+        gate = Gate()
+        harness.probe.observe_dial_read = gate
+        e1 = await _second_engine(harness, worker_id="e1", fail_heartbeats=True)
+        e1_writes: list[str] = []
+        e1.store.write_point = lambda name: e1_writes.append(name) or _fail_heartbeat(name)
+        try:
+            stalled = asyncio.create_task(e1.tick())
+            await gate.reached.wait()
+            harness.clock.advance(e1.options.claim_ttl + 1)
+            # E1's own clock has passed its claim: it cuts the call, and its pass ends (the
+            # step is to be tried again later). A bound in real time, not a pause: the
+            # engine of old never ends this pass, and the scenario goes on without it.
+            await asyncio.wait({stalled}, timeout=10)
+            [a] = await harness.settle(a)  # E2 takes the step over
+            assert (a.status, harness.probe.dial) == ("succeeded", 5)
+            assert (await harness.engine.clean_up(a.id)).status == "complete"
+            assert harness.probe.dial == 1.5
+            b = await harness.start(LEASE.format(value=7, hold="").replace("id: borrow", "id: borrow-b"))
+            [b] = await harness.settle(b)
+            assert (b.status, harness.probe.dial) == ("succeeded", 7)
+            gate.open()
+            await harness.drive(stalled)
+        finally:
+            gate.open()
+            await e1.store.close()
+        assert harness.probe.dial == 7
+        assert "save_lease_value" not in e1_writes
+
+    harness.run(body)
+
+
+def _fail_heartbeat(name: str) -> None:
+    if name == "heartbeat_worker":
+        raise StoreError("heartbeat_worker: database is locked")
+
+
+def test_a_borrow_saves_nothing_under_a_claim_it_no_longer_holds(harness: Harness) -> None:
+    """Issue 37, item 2: the saved value of a borrow is written under the step's claim,
+    checked in the same transaction: a token that is not the step's, or a claim that
+    has run out, saves nothing."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold=""))
+        [a] = await harness.settle(a)
+        [row] = await harness.resources(a, OVERRIDE_KIND)
+        [step] = await harness.steps(a)
+        with pytest.raises(ClaimLost):
+            await harness.store.save_lease_value(row.id, 9.0, harness.clock.now(), step_id=step.id, token="stale")
+        with pytest.raises(ClaimLost):
+            await harness.store.save_lease_value(row.id, 9.0, harness.clock.now(), step_id=step.id, token=None)
+        [row] = await harness.resources(a, OVERRIDE_KIND)
+        assert row.payload == {"saved": 1.5}
+
+    harness.run(body)

@@ -64,6 +64,7 @@ class EngineState:
     _stopping: asyncio.Event
     _definitions: dict[int, FrozenDefinition]
     _inflight_ids: dict[int, str]
+    _claim_expiry: dict[str, datetime]
     _lost: set[int]
     _heart: asyncio.Task[None] | None
 

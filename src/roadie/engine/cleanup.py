@@ -107,6 +107,7 @@ class _Marks:
     """What a cleanup's calls did and the store has not been told yet, and when it last was."""
 
     written: datetime
+    expires: datetime  # when the cleanup's claim runs out unless a write pushes it on
     reverted: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
     this_round: set[int] = field(default_factory=set)  # every row this cleanup reverted
@@ -349,7 +350,7 @@ class Cleanup:
         if over:
             report.over_cap = over
             await self.store.confirm_cleanup(claim, actor, over, self.clock.now())
-        marks = _Marks(written=self.clock.now())
+        marks = _Marks(written=self.clock.now(), expires=claimed_at + timedelta(seconds=self.claim_ttl))
         await self._revert_live(claim, member_key, report, marks)
         # Proof of undo: the world is read back, and what came back is reverted again
         # (its proof is the next round's, which the verdict makes due).
@@ -417,16 +418,20 @@ class Cleanup:
                     continue
                 step = steps.get(step_id) if step_id else None
                 for call in self._calls_for(step, rows):
+                    await keep()  # no call starts with less claim left than its deadline
                     await self._carry_out(claim, step, call, rows, report, marks)
-                    await keep()
             await self._record(claim, marks)
 
     def _keeper(self, claim: CleanupClaim, marks: _Marks) -> Callable[[], Awaitable[None]]:
-        """What is awaited between calls: the claim is pushed on (with what `marks` holds)
-        once a third of its lifetime has passed since the last write."""
+        """What is awaited before each call: the claim is pushed on (with what `marks`
+        holds) once a third of its lifetime has passed since the last write, or when less
+        of it is left than a call's deadline (DESIGN §13: no call starts with less claim
+        time left than it needs, so none can land after the claim has passed on)."""
 
         async def keep() -> None:
-            if (self.clock.now() - marks.written).total_seconds() >= self.claim_ttl / 3:
+            now = self.clock.now()
+            left = (marks.expires - now).total_seconds()
+            if (now - marks.written).total_seconds() >= self.claim_ttl / 3 or left < self.call_timeout:
                 await self._record(claim, marks)
 
         return keep
@@ -499,6 +504,11 @@ class Cleanup:
         else:
             await self.store.extend_cleanup_claim(claim, now)
         marks.reverted, marks.failed, marks.written = [], {}, now
+        marks.expires = now + timedelta(seconds=self.claim_ttl)
+        if self.clock.now() >= marks.expires:
+            # The write pushed on a claim that ran out while it committed: another may
+            # hold the cleanup now, and nothing more is done under this one.
+            raise ClaimLost(f"run {claim.run_id}'s cleanup claim ran out while it was pushed on")
 
     def _deadline(self) -> AbstractAsyncContextManager[object]:
         return self.clock.timeout(self.call_timeout)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ from roadie.engine import leases
 from roadie.engine.advance import Advance
 from roadie.engine.ledger import read_answer
 from roadie.errors import (
+    ClaimLost,
     PermanentError,
     RoadieError,
     StepError,
@@ -109,6 +110,8 @@ class Drain(Advance):
                             continue
                         assert c.step.claim_token is not None
                         self._inflight_ids[c.step.id] = c.step.claim_token  # its claim is kept alive from now
+                        if c.step.claim_expires is not None:
+                            self._claim_expiry[c.step.claim_token] = c.step.claim_expires
                         worked = True
                         if len(inflight) < self.options.concurrency:
                             inflight[asyncio.create_task(self._dispatch(c))] = c
@@ -136,10 +139,18 @@ class Drain(Advance):
                     waits = [c for c in inflight.values() if c.step.action == WAIT_ACTION]
                     if waits and (watch is None or watch.done()):
                         watch = asyncio.create_task(self.clock.sleep(self.options.poll_interval))
-                    awaited = [*inflight, heartbeat, *([watch] if waits and watch else [])]
-                    await asyncio.wait(awaited, return_when=asyncio.FIRST_COMPLETED)
+                    # Woken when the first claim in flight runs out, unless a beat renews it.
+                    lapse = asyncio.create_task(self.clock.sleep(self._claim_left(inflight.values())))
+                    awaited = [*inflight, heartbeat, lapse, *([watch] if waits and watch else [])]
+                    try:
+                        await asyncio.wait(awaited, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        lapse.cancel()
                     # Let dispatches that are about to finish do so, and take them all at once.
                     await asyncio.sleep(0)
+                    # Before any beat: a claim that ran out unrenewed is lost to this worker,
+                    # whatever a late beat would say.
+                    unrecorded.extend(self._cut_lapsed(inflight))
                     if heartbeat.done() and self._heart is None:
                         # Without run_forever's background heartbeat (settle, tests), the
                         # drain beats for what it holds.
@@ -208,13 +219,54 @@ class Drain(Advance):
             for task in [*inflight, *([heartbeat] if heartbeat else []), *([watch] if watch else [])]:
                 task.cancel()
             for c in [*inflight.values(), *ahead]:
-                self._inflight_ids.pop(c.step.id, None)
+                self._let_go(c.step.id, None)
+
+    def _let_go(self, step_id: int, default: str | None = None) -> str | None:
+        """This worker no longer has the step in flight: its claim is not kept alive."""
+        token = self._inflight_ids.pop(step_id, default)
+        if token is not None:
+            self._claim_expiry.pop(token, None)
+        return token
+
+    def _claim_until(self, step: StepRow) -> datetime | None:
+        """When this worker's claim on the step runs out, as far as its own clock knows:
+        from the claim, pushed on by each successful heartbeat."""
+        if step.claim_token is None:
+            return None
+        return self._claim_expiry.get(step.claim_token, step.claim_expires)
+
+    def _claim_left(self, held: Iterable[Claimed]) -> float:
+        """Seconds until the first of these claims runs out (0 when one has)."""
+        until = [u for u in (self._claim_until(c.step) for c in held) if u is not None]
+        if not until:
+            return self.options.claim_ttl
+        return max(0.0, (min(until) - self.clock.now()).total_seconds())
+
+    def _cut_lapsed(self, inflight: dict[asyncio.Future[Any], Claimed]) -> list[Outcome]:
+        """Cut the calls in flight whose claims ran out without a successful heartbeat
+        (DESIGN §13): another worker may own the step now, and a call of this worker's
+        must not land in the world after it. Each is to be tried again (its answer, if
+        the claim was taken over, is not recorded). Answers their outcomes."""
+        now = self.clock.now()
+        cut: list[Outcome] = []
+        for task, c in list(inflight.items()):
+            until = self._claim_until(c.step)
+            if task.done() or until is None or until > now:
+                continue
+            log.warning("claim ran out unrenewed; call cut", run_id=c.step.run_id, step_id=c.step.id)
+            task.cancel()
+            del inflight[task]
+            self._let_go(c.step.id)
+            started = c.step.started_at or now
+            error = "the worker's claim ran out unrenewed: its call was cut"
+            cut.append(self._failed(c.step, started, error, retryable=True, at_least=STORE_ATTEMPTS))
+        return cut
 
     def _harvest(self, inflight: dict[asyncio.Future[Any], Claimed]) -> list[Outcome]:
         """The outcomes of the dispatches that have ended, their slots freed."""
         finished = [t for t in inflight if t.done()]
         for t in finished:
-            self._inflight_ids.pop(inflight.pop(t).step.id, None)
+            self._let_go(inflight.pop(t).step.id, None)
         return [t.result() for t in finished]
 
     async def _record_apart(self, outcomes: list[Outcome]) -> list[Outcome]:
@@ -269,7 +321,7 @@ class Drain(Advance):
             if c.step.run_id in stopping:
                 task.cancel()
                 del inflight[task]
-                self._inflight_ids.pop(c.step.id, None)
+                self._let_go(c.step.id, None)
                 now = self.clock.now()
                 cut.append(Outcome(step=c.step, status=StepStatus.SKIPPED, at=now, error="run cancelled: cut short"))
         return cut
@@ -283,11 +335,11 @@ class Drain(Advance):
                 log.warning("claim lost; dispatch abandoned", run_id=c.step.run_id, step_id=c.step.id)
                 task.cancel()
                 del inflight[task]
-                self._inflight_ids.pop(c.step.id, None)
+                self._let_go(c.step.id, None)
         for c in [c for c in ahead if c.step.id in self._lost]:
             log.warning("claim lost before dispatch", run_id=c.step.run_id, step_id=c.step.id)
             ahead.remove(c)
-            self._inflight_ids.pop(c.step.id, None)
+            self._let_go(c.step.id, None)
         self._lost.clear()
 
     async def _dispatch_ahead(
@@ -311,7 +363,7 @@ class Drain(Advance):
                 if c.step.run_id not in stopping:
                     inflight[asyncio.create_task(self._dispatch(c))] = c
                     continue
-                self._inflight_ids.pop(c.step.id, None)
+                self._let_go(c.step.id, None)
                 untouched = Reversible(c.step.reversible) is Reversible.LEDGER and c.step.attempts <= 1
                 skipped.append(
                     Outcome(
@@ -341,12 +393,15 @@ class Drain(Advance):
     async def heartbeat(self) -> None:
         """Say this worker is alive and extend the claims of what it holds, in one write."""
         held = dict(self._inflight_ids)
-        lost = await self.store.heartbeat_worker(
-            self.worker_id, self.clock.now(), self.options.claim_ttl, steps_held=held
-        )
+        now = self.clock.now()
+        lost = await self.store.heartbeat_worker(self.worker_id, now, self.options.claim_ttl, steps_held=held)
         # Only the attempt the beat asked about: one that ended meanwhile, and was claimed
         # again by this worker, is a new claim (a new token) the beat did not see.
         self._lost |= {i for i in lost if self._inflight_ids.get(i) == held[i]}
+        until = now + timedelta(seconds=self.options.claim_ttl)
+        for step_id, token in held.items():
+            if step_id not in lost and token in self._claim_expiry:
+                self._claim_expiry[token] = until
 
     async def _beat_forever(self) -> None:
         """run_forever's heartbeat, every third of a claim's lifetime, busy or idle."""
@@ -362,6 +417,13 @@ class Drain(Advance):
         outcome, retried or final."""
         step = claimed.step
         started = self.clock.now()
+        until = self._claim_until(step)
+        needs = min(step.timeout, self.options.claim_ttl / 3)  # its deadline, or until the next beat
+        if until is not None and (until - started).total_seconds() < needs:
+            # No call starts with less claim time left than it needs (DESIGN §13): a step
+            # held ahead while the heartbeat failed goes back, untouched, to be tried again.
+            error = f"not started: its claim had {max(0.0, (until - started).total_seconds()):g}s left"
+            return self._failed(step, started, error, retryable=True, at_least=STORE_ATTEMPTS)
         self._tell("step", {"run_id": step.run_id, "step": step.name, "status": "running", "attempt": step.attempts})
         try:
             action = self.registry.action(step.action)
@@ -392,6 +454,9 @@ class Drain(Advance):
             return self._failed(
                 step, started, exc.message or type(exc).__name__, retryable=exc.retryable, delay=exc.next_retry_delay
             )
+        except ClaimLost as exc:
+            # A write made for the step found its claim gone: another worker has it.
+            return self._failed(step, started, exc.message, retryable=True, at_least=STORE_ATTEMPTS)
         except StoreError as exc:
             # Roadie's own database failed under the step (a borrow keeps the value it
             # will give back before it writes the world; a layer changes its stack under

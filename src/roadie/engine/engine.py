@@ -85,6 +85,7 @@ class Engine(Drain):
         self.keeps_definitions = True
         # What the heartbeat keeps claimed: the steps in flight and the cleanups under way.
         self._inflight_ids: dict[int, str] = {}  # step id -> the claim token of the attempt in flight
+        self._claim_expiry: dict[str, datetime] = {}  # claim token -> when it runs out, unless a beat renews it
         self._cleanups: dict[int, asyncio.Task[None]] = {}  # automatic cleanups under way, by run
         self._lost: set[int] = set()  # steps the heartbeat found taken over by another worker
         self._heart: asyncio.Task[None] | None = None  # run_forever's background heartbeat

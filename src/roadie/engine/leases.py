@@ -88,7 +88,8 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     if isinstance(row.payload, dict) and "saved" in row.payload:
         saved = row.payload["saved"]
     else:
-        saved = await store.save_lease_value(reserved_id, await maybe_await(lease.read_fn(call)), clock.now())
+        shown = await maybe_await(lease.read_fn(call))
+        saved = await store.save_lease_value(reserved_id, shown, clock.now(), step_id=step.id, token=step.claim_token)
     assert lease.write_fn is not None
     await maybe_await(lease.write_fn(call, step.params["value"]))
     now = clock.now()

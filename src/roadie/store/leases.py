@@ -31,16 +31,31 @@ from roadie.store.tables import (
 
 
 class LeaseQueries(Connector):
-    async def save_lease_value(self, resource_id: int, saved: Any, now: datetime) -> Any:
+    async def save_lease_value(
+        self, resource_id: int, saved: Any, now: datetime, *, step_id: int, token: str | None
+    ) -> Any:
         """Keep the value a lease is about to overwrite, before it is overwritten, and answer
         the value the row keeps.
 
         The first value saved wins: two borrows of one target by one run share the row, and
         the later one may have read the earlier one's borrowed value, which is not the
         value to give back.
+
+        Claim: the borrowing step's (`step_id`, `token`), unexpired at `now`. Raises
+        `ClaimLost`, writing nothing, when it is gone: a worker that lost the step must not
+        save what it read, nor go on to write the world.
         """
 
         async def work(conn: AsyncConnection) -> Any:
+            held = (
+                await conn.execute(
+                    select(steps.c.id)
+                    .where(steps.c.id == step_id, steps.c.claim_token == token, steps.c.claim_expires >= now)
+                    .with_for_update()
+                )
+            ).first()
+            if token is None or held is None:
+                raise ClaimLost(f"step {step_id}'s claim is no longer held by this borrow")
             row = (
                 await conn.execute(
                     select(run_resources.c.payload).where(run_resources.c.id == resource_id).with_for_update()
