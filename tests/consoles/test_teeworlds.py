@@ -161,3 +161,15 @@ def test_the_website_catalogue_shows_a_console_world(
         page = client.get("/catalogue", headers=headers)
         assert page.status_code == 200
         assert "tee.scorelimit" in page.text
+
+
+def test_a_run_is_not_started_against_a_console_that_does_not_answer(tee: Teeworlds, tmp_path: Path) -> None:
+    """Pre-flight asks the console before any step is sent: with the server down, the
+    start is refused, naming the module, and no run is made."""
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    (project.home / "frenzy.yaml").write_text(EVENT.format(cleanup="auto", after="0s"))
+    tee.stop()
+    refused = project.run("run", "start", "frenzy.yaml")
+    assert refused.returncode == 75, refused.stdout + refused.stderr
+    assert "module tee is offline: its console does not answer" in refused.stdout + refused.stderr
+    assert project.json("run", "list") == []

@@ -192,6 +192,18 @@ def console_module(name: str, definition: ConsoleDef) -> Module:
         if world is not None:
             await world.console.close()
 
+    @module.online
+    async def online(world: ConsoleWorld | None) -> str | None:
+        """Pre-flight: one command that changes nothing, so a run is not started against a
+        console that cannot be reached or refuses the password."""
+        if world is None:
+            return None
+        try:
+            await world.console.read(PROBES[definition.transport], attempts=2)
+        except ConsoleError as exc:
+            return f"its console does not answer: {exc.message}"
+        return None
+
     for action_name, action in definition.actions.items():
         _add_action(module, name, action_name, action, definition.transport)
     for lease_name, lease in definition.leases.items():
@@ -206,6 +218,9 @@ def console_module(name: str, definition: ConsoleDef) -> Module:
 
 # --- actions ------------------------------------------------------------------------------
 
+
+# What pre-flight sends to see that a console answers: a read that changes nothing.
+PROBES = {TransportName.QUAKE3: "sv_hostname", TransportName.TEETWORLDS: "sv_name", TransportName.SOURCE: ""}
 
 QUOTING = {
     TransportName.QUAKE3: Quake3Rcon.quoting,
