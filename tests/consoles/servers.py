@@ -204,12 +204,20 @@ class Teeworlds(Server):
                 assert "successful" in line()
                 replies = []
                 for index, command in enumerate(commands):
-                    s.sendall(f"{command}\necho test-mark-{index}\n".encode())
-                    out = []
-                    while not (text := line()).endswith(f"]: test-mark-{index}"):
-                        if "[Console]: " in text:
-                            out.append(text.split("[Console]: ", 1)[1])
-                    replies.append("\n".join(out))
+                    # Every econ client hears every command's output: keep the lines under
+                    # the server's log of this command, run by the client that ran the mark.
+                    mark = f"test-mark-{os.getpid()}-{index}"
+                    s.sendall(f"{command}\necho {mark}\n".encode())
+                    runs: list[tuple[str, str, list[str]]] = []
+                    while not ((text := line()).endswith(f"]: {mark}") and runs and runs[-1][1] == f"echo {mark}"):
+                        ran = re.search(r"\[server\]: cid=(\d+) cmd='(.*)'$", text)
+                        if ran:
+                            runs.append((ran.group(1), ran.group(2), []))
+                        elif "[Console]: " in text and runs:
+                            runs[-1][2].append(text.split("[Console]: ", 1)[1])
+                    ours = runs[-1][0]
+                    mine = [out for cid, cmd, out in runs if cid == ours and cmd == command]
+                    replies.append("\n".join(mine[-1]) if mine else "")
                 return replies
         except (OSError, AssertionError):
             return None

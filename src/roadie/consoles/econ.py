@@ -3,9 +3,13 @@ takes one command a line and prints whatever its console prints, its own log lin
 included, each `[time][system]: text` and each ended by a newline and NUL padding.
 
 Nothing marks the end of a command's output, so every command is followed by
-`echo MARKER` and the reply is what comes before the marker's line. One connection is
-kept and opened again after the server restarts; a connection that breaks after a
-command was written leaves that command's fate unknown (`ReplyLost`).
+`echo MARKER` and the reply is what comes before the marker's line. And every econ
+client hears every command's output, its own and the others' (an admin's session,
+another worker): the server logs each command it runs as `cid=N cmd='...'` before its
+output, so a reply is the lines under the log of this command from this connection's
+client id (the one that ran the marker). One connection is kept and opened again after
+the server restarts; a connection that breaks after a command was written leaves that
+command's fate unknown (`ReplyLost`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from roadie.consoles.transport import (
 )
 
 _PREFIX = re.compile(r"^\[[^\]]*\]\[(?P<system>[^\]]*)\]: ?")
-_ECHO = re.compile(r"^cid=\d+ cmd=")  # the server's log of the command just received
+_RAN = re.compile(r"^cid=(?P<cid>\d+) cmd='(?P<cmd>.*)'$")  # the server's log of a command it runs
 
 
 class TeeworldsEcon(Console):
@@ -71,17 +75,22 @@ class TeeworldsEcon(Console):
             try:
                 writer.write(f"{line}\necho {marker}\n".encode())
                 await writer.drain()
-                lines: list[str] = []
+                runs: list[tuple[str, str, list[str]]] = []  # (client id, command, its output)
+                unlogged: list[str] = []  # output under no command's log (a server that logs none)
                 async with asyncio.timeout(self.timeout):
                     while True:
                         text = await _read_line(reader)
                         match = _PREFIX.match(text)
                         body = text[match.end() :] if match else text
-                        if body == marker:
-                            return "\n".join(lines)
-                        if match and match["system"] == "server" and _ECHO.match(body):
-                            continue
-                        lines.append(body)
+                        ran = _RAN.match(body) if match and match["system"] == "server" else None
+                        if ran:
+                            runs.append((ran["cid"], ran["cmd"], []))
+                        elif body == marker and (not runs or runs[-1][1] == f"echo {marker}"):
+                            return _reply(runs, line, marker, unlogged)
+                        elif runs:
+                            runs[-1][2].append(body)
+                        else:
+                            unlogged.append(body)
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 await self._drop()
                 raise ReplyLost(f"{self.host}:{self.port}: {type(exc).__name__} after the command was sent") from exc
@@ -93,6 +102,15 @@ class TeeworldsEcon(Console):
 
     async def close(self) -> None:
         await self._drop()
+
+
+def _reply(runs: list[tuple[str, str, list[str]]], line: str, marker: str, unlogged: list[str]) -> str:
+    """The output logged under `line` as run by the client that ran `marker` (this one)."""
+    ours = next((cid for cid, cmd, _ in reversed(runs) if cmd == f"echo {marker}"), None)
+    if ours is None:  # the server logs no commands (ec_output_level 0): all that was heard
+        return "\n".join(unlogged + [text for _, _, out in runs for text in out])
+    mine = [out for cid, cmd, out in runs if cid == ours and cmd == line]
+    return "\n".join(mine[-1]) if mine else ""
 
 
 async def _read_line(reader: asyncio.StreamReader) -> str:
