@@ -20,11 +20,11 @@ import re
 import secrets
 
 from roadie.consoles.transport import (
-    Console,
     ConsoleAuthFailed,
     ConsoleUnreachable,
     Quoting,
     ReplyLost,
+    TcpConsole,
     check_line,
 )
 
@@ -32,26 +32,22 @@ _PREFIX = re.compile(r"^\[[^\]]*\]\[(?P<system>[^\]]*)\]: ?")
 _RAN = re.compile(r"^cid=(?P<cid>\d+) cmd='(?P<cmd>.*)'$")  # the server's log of a command it runs
 
 
-class TeeworldsEcon(Console):
+class TeeworldsEcon(TcpConsole):
     """Teeworlds econ. Values are wrapped in double quotes; a quote, a backslash and
     control characters are refused (the console's `;` scan and its tokenizer read `\\`
     differently, so an escaped value could end a string for one and not the other)."""
 
     name = "teeworlds"
     quoting = Quoting(forbidden='"\\')
-    acknowledged = True
 
     def __init__(self, host: str, port: int, password: str, *, timeout: float = 5.0) -> None:
         super().__init__(host, port, password, timeout=timeout)
-        self._lock = asyncio.Lock()
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
         self._markers = itertools.count(1)
         self._session = secrets.token_hex(4)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self._reader is not None and self._writer is not None and not self._writer.is_closing():
-            return self._reader, self._writer
+        if (kept := self._open()) is not None:
+            return kept
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -94,14 +90,6 @@ class TeeworldsEcon(Console):
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 await self._drop()
                 raise ReplyLost(f"{self.host}:{self.port}: {type(exc).__name__} after the command was sent") from exc
-
-    async def _drop(self) -> None:
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.close()
-
-    async def close(self) -> None:
-        await self._drop()
 
 
 def _reply(runs: list[tuple[str, str, list[str]]], line: str, marker: str, unlogged: list[str]) -> str:

@@ -17,12 +17,12 @@ import itertools
 import struct
 
 from roadie.consoles.transport import (
-    Console,
     ConsoleAuthFailed,
     ConsoleError,
     ConsoleUnreachable,
     Quoting,
     ReplyLost,
+    TcpConsole,
     check_line,
 )
 
@@ -48,26 +48,22 @@ async def read_packet(reader: asyncio.StreamReader) -> tuple[int, int, str]:
     return packet_id, kind, data[8:].rstrip(b"\0").decode("utf-8", "replace")
 
 
-class SourceRcon(Console):
+class SourceRcon(TcpConsole):
     """Source RCON. Each packet is one command, and Minecraft's and Source's tokenizers
     both read a double-quoted string; values are wrapped, and a quote, `;` (a separator
     in Source engine consoles) and control characters are refused."""
 
     name = "source"
     quoting = Quoting(forbidden='";\\', true="true", false="false")
-    acknowledged = True
 
     def __init__(self, host: str, port: int, password: str, *, timeout: float = 5.0, marker: str = "") -> None:
         super().__init__(host, port, password, timeout=timeout)
         self.marker = marker  # the second command that ends a reply
-        self._lock = asyncio.Lock()
         self._ids = itertools.count(1)
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self._reader is not None and self._writer is not None and not self._writer.is_closing():
-            return self._reader, self._writer
+        if (kept := self._open()) is not None:
+            return kept
         auth_id = next(self._ids)
         try:
             async with asyncio.timeout(self.timeout):
@@ -105,11 +101,3 @@ class SourceRcon(Console):
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConsoleError) as exc:
                 await self._drop()
                 raise ReplyLost(f"{self.host}:{self.port}: {type(exc).__name__} after the command was sent") from exc
-
-    async def _drop(self) -> None:
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.close()
-
-    async def close(self) -> None:
-        await self._drop()

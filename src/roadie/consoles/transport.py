@@ -142,3 +142,30 @@ class Console(ABC):
 
     def __repr__(self) -> str:  # never the password
         return f"<{type(self).__name__} {self.host}:{self.port}>"
+
+
+class TcpConsole(Console):
+    """A console over one kept TCP connection (Teeworlds econ, Source RCON): one command
+    at a time on it, and a connection that broke is opened again by the next command."""
+
+    acknowledged = True
+
+    def __init__(self, host: str, port: int, password: str, *, timeout: float) -> None:
+        super().__init__(host, port, password, timeout=timeout)
+        self._lock = asyncio.Lock()
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The connection, while it is open."""
+        if self._reader is not None and self._writer is not None and not self._writer.is_closing():
+            return self._reader, self._writer
+        return None
+
+    async def _drop(self) -> None:
+        writer, self._reader, self._writer = self._writer, None, None
+        if writer is not None:
+            writer.close()
+
+    async def close(self) -> None:
+        await self._drop()
