@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,31 @@ def home(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@contextlib.contextmanager
+def _postgresql_behind_a_proxy(home: Path) -> Iterator[tuple[Served, CutProxy]]:
+    """`roadie serve` on a fresh PostgreSQL database reached through a proxy the test can
+    cut: its server then refuses connections, as a stopped one would."""
+    from sqlalchemy.engine import make_url
+
+    problem = check_reachable("postgresql")
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    database = Database("postgresql")
+    real = make_url(database.fresh(home))
+    proxy = CutProxy((real.host or "127.0.0.1", real.port or 5432))
+    try:
+        served = Served(home, real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))
+        try:
+            yield served, proxy
+        finally:
+            served.stop()
+    finally:
+        proxy.cut()
+        database.drop_all()
+
+
 def test_a_sqlite_file_deleted_under_the_site_stops_its_writes_and_says_so(home: Path) -> None:
     served = Served(home, f"sqlite:///{home / 'roadie.db'}")
     try:
@@ -201,19 +227,7 @@ def test_a_sqlite_file_deleted_under_the_site_stops_its_writes_and_says_so(home:
 
 
 def test_a_database_server_that_stops_answering_is_said_and_the_site_comes_back_by_itself(home: Path) -> None:
-    problem = check_reachable("postgresql")
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(problem)
-        pytest.skip(problem)
-    database = Database("postgresql")
-    url = database.fresh(home)
-    from sqlalchemy.engine import make_url
-
-    real = make_url(url)
-    proxy = CutProxy((real.host or "127.0.0.1", real.port or 5432))
-    served = Served(home, real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))
-    try:
+    with _postgresql_behind_a_proxy(home) as (served, proxy):
         assert served.start_run().status_code == 201
         proxy.cut()
         wait_for("/healthz to say the database is unreachable", lambda: _healthz(served).status_code == 503, 30)
@@ -228,10 +242,6 @@ def test_a_database_server_that_stops_answering_is_said_and_the_site_comes_back_
         proxy.join()
         wait_for("/healthz to say the database is back", lambda: _healthz(served).status_code == 200, 60)
         assert served.start_run().status_code == 201
-    finally:
-        served.stop()
-        proxy.cut()
-        database.drop_all()
     log = served.said()
     assert "Traceback" not in log, log[-3000:]
     assert log.count("database unavailable") == 1, log[-3000:]
@@ -243,39 +253,27 @@ def test_an_open_live_page_shows_the_outage_within_seconds_and_recovers_without_
 
     from tests.web.test_browser import CHROMIUM
 
-    for problem in (check_reachable("postgresql"), None if os.access(CHROMIUM, os.X_OK) else f"{CHROMIUM} missing"):
-        if problem is not None:
-            if os.environ.get("CI") == "true":
-                pytest.fail(problem)
-            pytest.skip(problem)
-    database = Database("postgresql")
-    url = database.fresh(home)
-    from sqlalchemy.engine import make_url
-
-    real = make_url(url)
-    proxy = CutProxy((real.host or "127.0.0.1", real.port or 5432))
-    served = Served(home, real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page(viewport={"width": 390, "height": 844})
-                page.goto(f"{served.base}/login")
-                page.fill("#token", served.headers["Authorization"].removeprefix("Bearer "))
-                page.click("button[type=submit]")
-                expect(page.locator("h1")).to_have_text("Runs")
-                page.wait_for_selector("html[data-stream-state=open]")  # the page's stream is open
-                proxy.cut()
-                expect(page.locator("#outage")).to_contain_text("does not answer", timeout=15_000)
-                assert page.locator("#outage").get_attribute("role") == "alert"
-                proxy.join()
-                expect(page.locator("#outage")).to_have_count(0, timeout=30_000)
-                assert served.start_run().status_code == 201
-                expect(page.locator("#runs")).to_contain_text("hello", timeout=15_000)  # live again
-            finally:
-                browser.close()
-    finally:
-        served.stop()
-        proxy.cut()
-        database.drop_all()
+    if not os.access(CHROMIUM, os.X_OK):
+        message = f"{CHROMIUM} is missing: apt-get install -y chromium (make test does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    with _postgresql_behind_a_proxy(home) as (served, proxy), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844})
+            page.goto(f"{served.base}/login")
+            page.fill("#token", served.headers["Authorization"].removeprefix("Bearer "))
+            page.click("button[type=submit]")
+            expect(page.locator("h1")).to_have_text("Runs")
+            page.wait_for_selector("html[data-stream-state=open]")  # the page's stream is open
+            proxy.cut()
+            expect(page.locator("#outage")).to_contain_text("does not answer", timeout=15_000)
+            assert page.locator("#outage").get_attribute("role") == "alert"
+            proxy.join()
+            expect(page.locator("#outage")).to_have_count(0, timeout=30_000)
+            assert served.start_run().status_code == 201
+            expect(page.locator("#runs")).to_contain_text("hello", timeout=15_000)  # live again
+        finally:
+            browser.close()
     assert "Traceback" not in served.said()
