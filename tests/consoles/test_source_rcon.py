@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from roadie.clock import SystemClock
 from roadie.conformance.inprocess import check_module
 from roadie.consoles import attach_console_modules
 from roadie.consoles.source_rcon import SourceRcon, encode
 from roadie.consoles.transport import ConsoleAuthFailed, ConsoleUnreachable, UnsafeValue
-from roadie.registry import build_registry
+from roadie.errors import PermanentError
+from roadie.registry import Call, build_registry
 from tests.consoles.source_server import SourceServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,3 +110,33 @@ def test_the_minecraft_example_conforms_against_a_server_written_from_the_specif
     summoned = [c for c in server.commands if c.startswith("summon ")]
     assert len(summoned) == 3  # done again under the same key: nothing more was summoned
     assert 'tellraw @a {"text":"hi there"}' in server.commands
+
+
+def test_a_refused_password_fails_a_ledger_step_for_good_instead_of_retrying_it(
+    server: SourceServer, tmp_path: Path
+) -> None:
+    """A console that refuses the password cannot be helped by a retry under the same
+    key: the step fails permanently, with the console's reason."""
+    modules = {
+        "mc": {
+            "console": str(REPO / "integrations/minecraft/minecraft.yaml"),
+            "address": f"127.0.0.1:{server.port}",
+            "password": "not-the-password",
+        }
+    }
+
+    async def go() -> None:
+        registry = build_registry({}, base_dir=str(tmp_path), discover=False)
+        attach_console_modules(registry, modules, base_dir=str(tmp_path))
+        action = registry.action("mc.summon")
+        call = Call(
+            1, 1, "a1b2c3d4e5f6-1-0-0", 1, action.params.model_validate({}), registry.state("mc"), SystemClock()
+        )
+        try:
+            await action.call(call)
+        finally:
+            await registry.close()
+
+    with pytest.raises(PermanentError, match="RCON password was refused"):
+        asyncio.run(go())
+    assert server.commands == []

@@ -32,7 +32,6 @@ from roadie.consoles.transport import (
     Console,
     ConsoleAuthFailed,
     ConsoleError,
-    ConsoleUnreachable,
     ReplyLost,
     UnsafeValue,
     check_line,
@@ -277,20 +276,21 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
         context = _context(call)
         if action.reversible is not Reversible.LEDGER:
             return await _do_once(world, action, context)
-        refs = _refs(world, action, context, _count(action, context))
-        present = await _present(world, action, refs)
-        for index, ref in enumerate(refs):
-            if ref in present:
-                continue  # made by an earlier attempt whose answer never came back
-            try:
-                for command in world.render_all(action.do, {**context, "ref": Bare(ref), "index": index}):
-                    await world.run(command)
-            except ReplyLost:
-                log.warning("console reply lost: reading the world back", action=action_id, ref=ref)
-                break
-            except (ConsoleUnreachable, ConsoleError) as exc:
-                raise _as_step_error(exc) from exc
-        present = await _present(world, action, refs)
+        try:
+            refs = _refs(world, action, context, _count(action, context))
+            present = await _present(world, action, refs)
+            for index, ref in enumerate(refs):
+                if ref in present:
+                    continue  # made by an earlier attempt whose answer never came back
+                try:
+                    for command in world.render_all(action.do, {**context, "ref": Bare(ref), "index": index}):
+                        await world.run(command)
+                except ReplyLost:
+                    log.warning("console reply lost: reading the world back", action=action_id, ref=ref)
+                    break
+            present = await _present(world, action, refs)
+        except ConsoleError as exc:
+            raise _as_step_error(exc) from exc
         missing = [r for r in refs if r not in present]
         if missing:
             raise RetryableError(f"{len(missing)} of {len(refs)} not in the world after the command: read back first")
