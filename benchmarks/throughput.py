@@ -6,6 +6,7 @@ Results are medians of several repetitions with min and max; because these machi
 shared and noisy, compare the ratios between rows of one run, not seconds across runs.
 
     .venv/bin/python benchmarks/throughput.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/throughput.py --quick
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 
 from roadie.clock import FakeClock
 from roadie.definitions import EventDefinition
@@ -85,9 +86,12 @@ async def _measure(action: str, runs: int, steps_per_run: int, concurrency: int)
             await store.close()
 
 
-def _repeat(action: str, runs: int, steps: int, concurrency: int, repeats: int) -> dict[str, float]:
-    samples = [asyncio.run(_measure(action, runs, steps, concurrency)) for _ in range(repeats)]
+def _repeat(action: str, shape: str, runs: int, steps: int, concurrency: int, repeats: int) -> dict[str, float]:
     total = runs * steps
+    samples = []
+    for i in range(repeats):
+        samples.append(asyncio.run(_measure(action, runs, steps, concurrency)))
+        progress("throughput", f"{action}, {shape}, repeat {i + 1}/{repeats}: {total / samples[-1]:.0f} steps/s")
     rates = sorted(total / s for s in samples)
     return {"median": statistics.median(rates), "min": rates[0], "max": rates[-1]}
 
@@ -99,7 +103,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"steps": 100, "runs": 20, "repeats": 1})
+    load = LoadReport("throughput")
     freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
 
     rows = []
@@ -108,10 +113,12 @@ def main(argv: list[str]) -> int:
             (f"1 run × {args.steps} steps", 1, args.steps),
             (f"{args.runs} runs × 5 steps", args.runs, 5),
         ):
-            result = _repeat(action, runs, steps, args.concurrency, args.repeats)
+            result = _repeat(action, shape, runs, steps, args.concurrency, args.repeats)
             rows.append((action, shape, result))
             low, high = result["min"], result["max"]
             print(f"{action:<8} {shape:<22} {result['median']:8.0f} steps/s (min {low:.0f}, max {high:.0f})")
+    load_line = load.end()
+    print(load_line)
     if args.write:
         base = rows[0][2]["median"]
         lines = [
@@ -120,6 +127,8 @@ def main(argv: list[str]) -> int:
             "Step throughput of one worker on SQLite (WAL, synchronous=FULL) with an in-process no-op module.",
             f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
             f"{platform.system()}; concurrency {args.concurrency}; median of {args.repeats} (min–max).",
+            "",
+            load_line,
             "",
             f"Command: `.venv/bin/python benchmarks/throughput.py --write {args.write}`",
             "",
