@@ -8,6 +8,7 @@ is `benchmarks/noop_module.py`, loaded through `roadie.toml` (`import =`).
 
     .venv/bin/python benchmarks/workers.py --write docs/benchmarks.md
     .venv/bin/python benchmarks/workers.py --databases sqlite --runs 100
+    .venv/bin/python benchmarks/workers.py --quick
 
 Database URLs: `--sqlite` (a temp file by default), `--postgresql`, `--mariadb` (servers
 on which a fresh database is created, and dropped, per measurement). A server that
@@ -32,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -189,7 +190,7 @@ def _reachable(backend: str, server: str) -> str | None:
     return None
 
 
-def _section(results: list[tuple[str, str, dict[int, list[float]]]], args: argparse.Namespace) -> str:
+def _section(results: list[tuple[str, str, dict[int, list[float]]]], args: argparse.Namespace, load: str) -> str:
     command = "`.venv/bin/python benchmarks/workers.py --write docs/benchmarks.md`"
     lines = [
         "## Worker processes: 1, 2 and 4",
@@ -200,6 +201,8 @@ def _section(results: list[tuple[str, str, dict[int, list[float]]]], args: argpa
         f"median of {args.repeats} (min–max). "
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
         f"{platform.python_version()}, {platform.system()}; database servers on the same machine.",
+        "",
+        load,
         "",
         f"Command: {command}",
         "",
@@ -235,7 +238,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path, help="write (or replace) this script's section in this Markdown file")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"databases": "sqlite", "runs": 20, "steps": 5, "repeats": 1})
+    load = LoadReport("workers")
 
     results: list[tuple[str, str, dict[int, list[float]]]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -250,18 +254,25 @@ def main(argv: list[str]) -> int:
             for action in args.actions.split(","):
                 by_workers: dict[int, list[float]] = {}
                 for n in [int(w) for w in args.workers.split(",")]:
-                    by_workers[n] = [
-                        _measure(db, action, n, args.runs, args.steps, args.concurrency) for _ in range(args.repeats)
-                    ]
-                    samples = by_workers[n]
+                    samples: list[float] = []
+                    by_workers[n] = samples
+                    for i in range(args.repeats):
+                        samples.append(_measure(db, action, n, args.runs, args.steps, args.concurrency))
+                        progress(
+                            "workers",
+                            f"{backend} {action}, {n} workers, repeat {i + 1}/{args.repeats}: "
+                            f"{samples[-1]:.0f} steps/s",
+                        )
                     print(
                         f"{backend:<10} {action:<7} {n} workers: {statistics.median(samples):7.0f} steps/s"
                         f" (min {min(samples):.0f}, max {max(samples):.0f})",
                         flush=True,
                     )
                 results.append((backend, action, by_workers))
+    load_line = load.end()
+    print(load_line)
     if args.write:
-        write_section(args.write, "workers.py", _section(results, args))
+        write_section(args.write, "workers.py", _section(results, args, load_line))
     return 0
 
 

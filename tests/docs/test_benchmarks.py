@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = [
     "throughput.py",
+    "workers.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 
