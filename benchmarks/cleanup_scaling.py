@@ -16,6 +16,7 @@ step (100, 1,000, 10,000 steps), which makes cleanup page through many pages of 
 
     .venv/bin/python benchmarks/cleanup_scaling.py --write docs/benchmarks.md
     .venv/bin/python benchmarks/cleanup_scaling.py --postgresql postgresql://postgres@127.0.0.1:5432/test
+    .venv/bin/python benchmarks/cleanup_scaling.py --quick
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 from workers import Database, _reachable
 
 from roadie.clock import FakeClock
@@ -180,8 +181,13 @@ def _run(db: Database, sizes: list[int], per_step: int, repeats: int, big_repeat
     for n in sizes:
         steps = max(1, n // per_step)
         count = repeats if n < 100_000 else big_repeats
-        timed = [_measure(db, steps, per_step, trace=False) for _ in range(count)]
+        piece = f"{db.backend} {steps} steps × {per_step}"
+        timed = []
+        for i in range(count):
+            timed.append(_measure(db, steps, per_step, trace=False))
+            progress("cleanup_scaling", f"{piece}, timed {i + 1}/{count}: {timed[-1].seconds:.3f} s")
         traced = _measure(db, steps, per_step, trace=True)
+        progress("cleanup_scaling", f"{piece}, traced: peak {(traced.peak_bytes or 0) / 2**20:.1f} MiB")
         row = Row(
             db.backend,
             per_step,
@@ -204,7 +210,7 @@ def _run(db: Database, sizes: list[int], per_step: int, repeats: int, big_repeat
     return rows
 
 
-def _section(rows: list[Row], args: argparse.Namespace) -> str:
+def _section(rows: list[Row], args: argparse.Namespace, load: str) -> str:
     command = "`.venv/bin/python benchmarks/cleanup_scaling.py --write docs/benchmarks.md`"
     if args.postgresql:
         command = command[:-1] + " --postgresql URL`"
@@ -223,6 +229,8 @@ def _section(rows: list[Row], args: argparse.Namespace) -> str:
         f"{platform.system()}; SQLite with WAL, synchronous=FULL"
         + ("; PostgreSQL on the same machine" if args.postgresql else "")
         + ".",
+        "",
+        load,
         "",
         f"Command: {command}",
         "",
@@ -252,7 +260,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--big-repeats", type=int, default=1, help="timed repetitions at 100k resources")
     parser.add_argument("--postgresql", help="also measure on this server (a fresh database per measurement)")
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"sizes": [1_000, 10_000], "repeats": 1})
+    load = LoadReport("cleanup_scaling")
     freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
@@ -269,8 +278,10 @@ def main(argv: list[str]) -> int:
         for per_step in args.per_step:
             rows.extend(_run(db, args.sizes, per_step, args.repeats, args.big_repeats))
     shutil.rmtree(home, ignore_errors=True)
+    load_line = load.end()
+    print(load_line)
     if args.write:
-        write_section(args.write, "cleanup_scaling.py", _section(rows, args))
+        write_section(args.write, "cleanup_scaling.py", _section(rows, args, load_line))
     return 0
 
 

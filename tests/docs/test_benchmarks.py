@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = [
     "throughput.py",
     "workers.py",
+    "cleanup_scaling.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 
