@@ -20,6 +20,7 @@ Three measurements per database, each on a fresh database, median of several rep
    resolve + end, and the next batch's claim + placeholders), with the same rows.
 
     .venv/bin/python benchmarks/commit_limit.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/commit_limit.py --quick
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 from sqlalchemy import Column, Insert, Integer, MetaData, String, Table, Update, bindparam, event, insert, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from throughput import open_bench
@@ -344,7 +345,8 @@ class Result:
 
 def _measure(db: Database, steps: int, concurrency: int, repeats: int) -> Result:
     result = Result(db.backend, [], [], [], Census())
-    for _ in range(repeats):
+    for i in range(repeats):
+        piece = f"{db.backend}, repeat {i + 1}/{repeats}"
         url = db.fresh()
         try:
             seconds, census = asyncio.run(_roadie(url, steps, concurrency))
@@ -352,12 +354,17 @@ def _measure(db: Database, steps: int, concurrency: int, repeats: int) -> Result
             db.drop()
         result.roadie.append(seconds)
         result.census = census
-        for plan, into in ((_replay_plan(census), result.replay), (_minimum_plan(steps, concurrency), result.minimum)):
+        progress("commit_limit", f"{piece}: Roadie {seconds:.3f} s, {len(census.transactions)} commits")
+        for label, plan, into in (
+            ("bare replay", _replay_plan(census), result.replay),
+            ("bare minimum", _minimum_plan(steps, concurrency), result.minimum),
+        ):
             url = db.fresh()
             try:
                 into.append(asyncio.run(_bare(url, plan)))
             finally:
                 db.drop()
+            progress("commit_limit", f"{piece}: {label} {into[-1]:.3f} s, {len(plan)} commits")
     shutil.rmtree(db.home, ignore_errors=True)
     return result
 
@@ -366,7 +373,7 @@ def _rate(steps: int, seconds: list[float]) -> float:
     return steps / statistics.median(seconds)
 
 
-def _section(results: list[Result], args: argparse.Namespace) -> str:
+def _section(results: list[Result], args: argparse.Namespace, load: str) -> str:
     steps, c = args.steps, args.concurrency
     command = "`.venv/bin/python benchmarks/commit_limit.py --write docs/benchmarks.md`"
     lines = [
@@ -384,6 +391,8 @@ def _section(results: list[Result], args: argparse.Namespace) -> str:
         f"Median of {args.repeats}.",
         f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
         f"{platform.system()}; database servers on the same machine.",
+        "",
+        load,
         "",
         f"Command: {command}",
         "",
@@ -451,7 +460,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--databases", nargs="+", default=["sqlite", "postgresql"])
     parser.add_argument("--postgresql", default=DEFAULT_SERVERS["postgresql"])
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"steps": 200, "repeats": 1, "databases": ["sqlite"]})
+    load = LoadReport("commit_limit")
     freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
@@ -474,8 +484,10 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
         print("   ", Counter(c.name for c in r.census.transactions), flush=True)
+    load_line = load.end()
+    print(load_line)
     if args.write:
-        write_section(args.write, "commit_limit.py", _section(results, args))
+        write_section(args.write, "commit_limit.py", _section(results, args, load_line))
     return 0
 
 

@@ -15,6 +15,7 @@ BENCHMARKS = [
     "throughput.py",
     "workers.py",
     "cleanup_scaling.py",
+    "commit_limit.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 
