@@ -12,6 +12,7 @@ process (and the machine's cores with the server), so the figures are an upper b
 what a browser would see.
 
     .venv/bin/python benchmarks/web_latency.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/web_latency.py --quick
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 
 from roadie.clock import FakeClock
 from roadie.definitions import load_file
@@ -121,7 +122,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=40, help="requests per client per endpoint and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the three, interleaved")
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"clients": 10, "requests": 10, "rounds": 1})
+    load = LoadReport("web_latency")
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -151,7 +153,7 @@ def main(argv: list[str]) -> int:
                 ("`GET /runs/{id}` (run page, HTML + SVG)", base, f"/runs/{run_id}", {}, cookies),
             ]
             figures: dict[str, list[tuple[float, float, float, float]]] = {t[0]: [] for t in targets}
-            for _ in range(args.rounds):
+            for i in range(args.rounds):
                 for label, at, path, headers, jar in targets:
                     started = time.perf_counter()
                     latencies = asyncio.run(measure(at, path, headers, jar, args.clients, args.requests))
@@ -164,6 +166,11 @@ def main(argv: list[str]) -> int:
                             len(latencies) / elapsed,
                         )
                     )
+                    p50, p99, _, rate = figures[label][-1]
+                    progress(
+                        "web_latency",
+                        f"round {i + 1}/{args.rounds}, {label}: p50 {p50:.1f} ms, p99 {p99:.1f} ms, {rate:.0f} req/s",
+                    )
         finally:
             for server in (roadie, bare):
                 server.terminate()
@@ -175,6 +182,8 @@ def main(argv: list[str]) -> int:
         rows.append((label, p50, p99, mean, rate, p50 / floor[0], p99 / floor[1]))
         ratios = f"({p50 / floor[0]:.2f}x, p99 {p99:.1f} ms, {p99 / floor[1]:.2f}x)"
         print(f"{label:<44} p50 {p50:.1f} ms {ratios}  {rate:.0f} req/s")
+    load_line = load.end()
+    print(load_line)
     if args.write:
         lines = [
             "## The web: latency under 50 concurrent clients, against its floor",
@@ -188,6 +197,8 @@ def main(argv: list[str]) -> int:
             f"the same machine; the three targets measured in turn, {args.rounds} rounds, medians of the rounds. "
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
             f"{platform.python_version()}, {platform.system()}.",
+            "",
+            load_line,
             "",
             f"Command: `.venv/bin/python benchmarks/web_latency.py --write {args.write}`",
             "",

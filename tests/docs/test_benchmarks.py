@@ -16,6 +16,7 @@ BENCHMARKS = [
     "workers.py",
     "cleanup_scaling.py",
     "commit_limit.py",
+    "web_latency.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 
