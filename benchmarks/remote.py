@@ -8,6 +8,9 @@
 2. Fan-out: one run of a phase of N `ledger` steps through the whole engine (SQLite) with
    the server delaying every call by D ms: wall time against the ideal `N * D / concurrency`,
    and against the same N calls made by bare httpx and httpx2 clients with nothing else.
+
+    .venv/bin/python benchmarks/remote.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/remote.py --quick
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import httpx2
 import structlog
 
 sys.path.insert(0, str(Path(__file__).parent))
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 
 from roadie.clock import SystemClock
 from roadie.definitions import load_definition
@@ -139,6 +142,12 @@ async def _latency(url: str, calls: int, home: Path) -> Latency:
             if i >= 50:
                 roadie_s.append(roadie_elapsed)
                 bare_s.append(bare_elapsed)
+                if len(roadie_s) % max(1, calls // 5) == 0 or len(roadie_s) == calls:
+                    r50, b50 = statistics.median(roadie_s) * 1000, statistics.median(bare_s) * 1000
+                    progress(
+                        "remote",
+                        f"latency, {len(roadie_s)}/{calls} calls: roadie median {r50:.2f} ms, bare httpx {b50:.2f} ms",
+                    )
     finally:
         await bare.aclose()
         await store.close()
@@ -222,7 +231,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[5, 10, 25, 50])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"calls": 100, "steps": 100, "concurrency": [10, 50], "repeats": 1})
+    load = LoadReport("remote")
     freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     home = Path(tempfile.mkdtemp(prefix="roadie-remote-"))
@@ -250,9 +260,15 @@ def main(argv: list[str]) -> int:
                 runs.append(asyncio.run(_fan_out(server.url, args.steps, concurrency, where, tag)))
             finally:
                 server.stop()
+            progress(
+                "remote",
+                f"fan-out, concurrency {concurrency}, repeat {r + 1}/{args.repeats}: roadie {runs[-1]:.2f} s, "
+                f"bare httpx {bare_runs[-1]:.2f} s, bare httpx2 {bare2_runs[-1]:.2f} s "
+                f"(ideal {args.steps * args.delay_ms / 1000 / concurrency:.2f} s)",
+            )
         fan_rows.append((concurrency, runs, bare_runs, bare2_runs))
 
-    section = _section(latency, fan_rows, args)
+    section = _section(latency, fan_rows, args, load.end())
     print(section)
     if args.write:
         write_section(args.write, "remote.py", section)
@@ -260,7 +276,10 @@ def main(argv: list[str]) -> int:
 
 
 def _section(
-    latency: Latency, fan_rows: list[tuple[int, list[float], list[float], list[float]]], args: argparse.Namespace
+    latency: Latency,
+    fan_rows: list[tuple[int, list[float], list[float], list[float]]],
+    args: argparse.Namespace,
+    load: str,
 ) -> str:
     ms = 1000.0
     r50, r99 = statistics.median(latency.roadie) * ms, _pct(latency.roadie, 0.99) * ms
@@ -272,6 +291,8 @@ def _section(
         "process of its own on 127.0.0.1.",
         f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
         f"{platform.system()}, {os.cpu_count()} cores shared by client and server.",
+        "",
+        load,
         "",
         f"Command: `.venv/bin/python benchmarks/remote.py --write docs/benchmarks.md` (calls={args.calls}, "
         f"steps={args.steps}, delay={args.delay_ms:g} ms, repeats={args.repeats})",

@@ -17,6 +17,7 @@ BENCHMARKS = [
     "cleanup_scaling.py",
     "commit_limit.py",
     "web_latency.py",
+    "remote.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 
