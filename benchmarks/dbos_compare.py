@@ -13,6 +13,7 @@ again) so that drift on a shared machine hits all three alike; medians with min 
 `dbos` is a benchmark-only dependency (`pip install -e '.[bench]'`), never a runtime one.
 
     .venv/bin/python benchmarks/dbos_compare.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/dbos_compare.py --quick
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 from sqlalchemy.ext.asyncio import create_async_engine
 from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
@@ -105,7 +106,9 @@ def _server_version(server: str) -> str:
     return asyncio.run(ask()).split()[0]
 
 
-def _section(rows: list[tuple[str, str, str, dict[str, float], float]], args: argparse.Namespace, env: str) -> str:
+def _section(
+    rows: list[tuple[str, str, str, dict[str, float], float]], args: argparse.Namespace, env: str, load: str
+) -> str:
     lines = [
         "## Side by side with DBOS",
         "",
@@ -119,6 +122,8 @@ def _section(rows: list[tuple[str, str, str, dict[str, float], float]], args: ar
         "synchronous=FULL; DBOS's is its own default (rollback journal, `BEGIN IMMEDIATE`).",
         "",
         env,
+        "",
+        load,
         "",
         f"Command: `.venv/bin/python benchmarks/dbos_compare.py --write {args.write}`",
         "",
@@ -147,13 +152,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path, help="write (or replace) this script's section in this Markdown file")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"databases": "sqlite", "steps": 100, "runs": 20, "repeats": 1})
     freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
 
     if DBOS is None:
         print("dbos is not installed: pip install -e '.[bench]'", file=sys.stderr)
         return 2
     logging.getLogger("dbos").setLevel(logging.WARNING)
+    load = LoadReport("dbos_compare")
 
     versions = [f"SQLite {sqlite3.sqlite_version}"]
     rows: list[tuple[str, str, str, dict[str, float], float]] = []
@@ -172,7 +178,7 @@ def main(argv: list[str]) -> int:
                 (f"{args.runs} runs × 5 steps", args.runs, 5),
             ):
                 samples: dict[str, list[float]] = {"none": [], "ledger": [], "dbos": []}
-                for _ in range(args.repeats):
+                for i in range(args.repeats):
                     for system in samples:
                         url = db.fresh()
                         try:
@@ -183,6 +189,9 @@ def main(argv: list[str]) -> int:
                         finally:
                             db.drop()
                         samples[system].append(runs * steps / seconds)
+                        name = "DBOS" if system == "dbos" else f"Roadie {system}"
+                        piece = f"{backend} {shape}, repeat {i + 1}/{args.repeats}"
+                        progress("dbos_compare", f"{piece}: {name} {samples[system][-1]:.0f} steps/s")
                 results = {system: _summary(rates) for system, rates in samples.items()}
                 dbos_median = results["dbos"]["median"]
                 for system, label in (("none", "Roadie `none`"), ("ledger", "Roadie `ledger`"), ("dbos", "DBOS")):
@@ -200,8 +209,10 @@ def main(argv: list[str]) -> int:
         f"SQLAlchemy {version('sqlalchemy')}; {', '.join(versions)} (server on the same machine)."
     )
     print(env)
+    load_line = load.end()
+    print(load_line)
     if args.write:
-        write_section(args.write, "dbos_compare.py", _section(rows, args, env))
+        write_section(args.write, "dbos_compare.py", _section(rows, args, env, load_line))
     return 0
 
 

@@ -18,6 +18,7 @@ BENCHMARKS = [
     "commit_limit.py",
     "web_latency.py",
     "remote.py",
+    "dbos_compare.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 
