@@ -7,10 +7,11 @@ command...), after one run of each that is not counted (it writes what Python ca
 Each process's CPU time (user + system, from `os.wait4`) and its wall time are taken; the
 figures are the medians, in seconds and as a multiple of the floor's. CPU time is what
 counts: the machine is shared, and wall time moves with whatever else runs on it (the load
-average is printed before and after). The aims: `--help` and `--version` under 0.2 s of
-CPU, `run list` under 0.4 s.
+average is printed, and written, before and after). The aims: `--help` and `--version`
+under 0.2 s of CPU, `run list` under 0.4 s.
 
     .venv/bin/python benchmarks/cli_startup.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/cli_startup.py --quick
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import write_section
+from report import LoadReport, parse_args, progress, write_section
 
 # The command, and the CPU seconds it should stay under (None: no aim, shown for comparison).
 COMMANDS: list[tuple[list[str], float | None]] = [
@@ -57,19 +58,15 @@ def timed(argv: list[str], cwd: Path) -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, wall
 
 
-def load() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="timed runs of each command, and of the floor beside it")
     parser.add_argument("--write", type=Path, help="write the results as Markdown to this file")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, quick={"runs": 2})
 
     floor_argv = [sys.executable, "-c", "pass"]
-    load_before = load()
-    print(f"load average {load_before}; {args.runs} runs of each, alternated with `python -c pass`", flush=True)
+    load = LoadReport("cli_startup")
+    progress("cli_startup", f"{args.runs} runs of each, alternated with `python -c pass`")
     with tempfile.TemporaryDirectory(prefix="roadie-cli-") as tmp:
         home = Path(tmp)
         timed([*roadie(), "init"], home)
@@ -84,18 +81,18 @@ def main(argv: list[str]) -> int:
                 floor.append(timed(floor_argv, home))
                 figures[label].append(timed(argv_, home))
                 cpu, wall = figures[label][-1]
-                print(
-                    f"{label:<20} {i + 1:>3}/{args.runs}: {cpu:.3f} s CPU, {wall:.3f} s wall "
+                progress(
+                    "cli_startup",
+                    f"{label}, run {i + 1}/{args.runs}: {cpu:.3f} s CPU, {wall:.3f} s wall "
                     f"(python -c pass: {floor[-1][0]:.3f} s CPU, {floor[-1][1]:.3f} s wall)",
-                    flush=True,
                 )
-    load_after = load()
+    load_line = load.end()
     floor_cpu = statistics.median(c for c, _ in floor)
     floor_wall = statistics.median(w for _, w in floor)
     rows = [("python -c pass", floor_cpu, floor_wall, None)]
     for (_, aim), (label, runs) in zip(COMMANDS, figures.items(), strict=True):
         rows.append((label, statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs), aim))
-    print(f"load average {load_after}")
+    print(load_line)
     for label, cpu, wall, aim in rows:
         verdict = "" if aim is None else (f"  aim < {aim} s: " + ("met" if cpu < aim else "MISSED"))
         ratios = f"CPU {cpu:.3f} s ({cpu / floor_cpu:.1f}x)  wall {wall:.3f} s ({wall / floor_wall:.1f}x)"
@@ -109,9 +106,10 @@ def main(argv: list[str]) -> int:
             f"reads an empty one); {args.runs} runs of each, alternated with `python -c pass` on the same "
             "interpreter (the floor), after one run of each not counted; CPU time is the process's user + "
             "system time (`os.wait4`), the medians of the runs, and a multiple of the floor's. "
-            f"Load average {load_before} before, {load_after} after. "
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
             f"{platform.python_version()}, {platform.system()}.",
+            "",
+            load_line,
             "",
             f"Command: `.venv/bin/python benchmarks/cli_startup.py --write {args.write}`",
             "",

@@ -19,6 +19,7 @@ BENCHMARKS = [
     "web_latency.py",
     "remote.py",
     "dbos_compare.py",
+    "cli_startup.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 
@@ -31,6 +32,12 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=90,
     )
+
+
+def test_every_benchmark_that_writes_the_docs_is_checked_here() -> None:
+    """A new benchmark that writes a section of docs/benchmarks.md joins the list above."""
+    writers = {p.name for p in (ROOT / "benchmarks").glob("*.py") if "write_section(" in p.read_text()}
+    assert writers - {"report.py"} == set(BENCHMARKS)
 
 
 @pytest.mark.parametrize("script", BENCHMARKS)
