@@ -483,7 +483,7 @@ def test_a_lease_row_being_restored_cannot_be_forgotten_under_its_restorer(harne
         try:
             with pytest.raises(InvalidState, match="being given back"):
                 await harness.engine.cleanup.forget(row.id, actor="admin", reason="module gone")
-            b = await harness.start(LEASE.format(value=7, hold=""))
+            b = await harness.start(LEASE.format(value=7, hold=""), force=True)  # past pre-flight, to the ledger
             [b] = await harness.settle(b)
         finally:
             gate.open()
