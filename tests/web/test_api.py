@@ -232,9 +232,9 @@ def test_a_finished_runs_page_is_drawn_once_and_drawn_again_when_its_rows_change
     drawn again, and it says what the cleanup did."""
     drawn: list[int] = []
 
-    def counted(run: Any, steps: Any, now: Any) -> Any:
+    def counted(run: Any, steps: Any, now: Any, **how: Any) -> Any:
         drawn.append(run.id)
-        return layout(run, steps, now)
+        return layout(run, steps, now, **how)
 
     monkeypatch.setattr(dashboard, "layout", counted)
     site.upload(QUICK)

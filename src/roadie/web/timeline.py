@@ -13,6 +13,7 @@ needs no charting code.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -129,8 +130,11 @@ def _parse(value: object) -> datetime | None:
     return None
 
 
-def layout(run: RunRow, steps: list[StepRow], now: datetime) -> Timeline:
-    """Where everything goes, in SVG units. Times are seconds since the run started."""
+def layout(run: RunRow, steps: list[StepRow], now: datetime, *, compact: bool = False) -> Timeline:
+    """Where everything goes, in SVG units. Times are seconds since the run started.
+    `compact` draws a row per phase rather than per step (a run of a thousand steps
+    would be a picture tens of thousands of pixels tall): one bar from the phase's first
+    dispatch to its last end, coloured by the worst of its steps, saying their counts."""
     origin = run.started_at or run.created_at
     end = run.cleanup_ended_at or run.ended_at or now
     if run.cleanup_started_at and not run.cleanup_ended_at:
@@ -155,7 +159,7 @@ def layout(run: RunRow, steps: list[StepRow], now: datetime) -> Timeline:
     for index, phase in enumerate(phases):
         name = phase.get("name", f"phase {index + 1}")
         of_phase = [s for s in steps if s.phase == index]
-        height = PHASE_ROW + ROW * max(len(of_phase), 1)
+        height = PHASE_ROW + ROW * (1 if compact else max(len(of_phase), 1))
         band = Band(y, height, f"{index + 1}. {name}")
         bands.append(band)
         first = min((b for s in of_phase if (b := _first_dispatch(s)) is not None), default=None)
@@ -167,10 +171,13 @@ def layout(run: RunRow, steps: list[StepRow], now: datetime) -> Timeline:
         y += PHASE_ROW
         if not of_phase:
             rows.append(Row(y, "not begun", "", "ready"))
-        for s in of_phase:
-            rows.append(_step_row(s, y, now, segment))
-            y += ROW
-        if not of_phase:
+        elif compact:
+            rows.append(_phase_row(of_phase, y, now, segment))
+        else:
+            for s in of_phase:
+                rows.append(_step_row(s, y, now, segment))
+                y += ROW
+        if not of_phase or compact:
             y += ROW
         ends = [s.ended_at for s in of_phase if s.ended_at]
         previous_end = max(ends) if ends and len(ends) == len(of_phase) else None
@@ -196,6 +203,30 @@ def layout(run: RunRow, steps: list[StepRow], now: datetime) -> Timeline:
 def _first_dispatch(step: StepRow) -> datetime | None:
     began = [b for entry in step.attempt_log or [] if (b := _parse(entry.get("at"))) is not None]
     return min(began) if began else step.started_at
+
+
+def _phase_row(of_phase: list[StepRow], y: float, now: datetime, segment: Callable[..., Segment]) -> Row:
+    """A phase's steps as one row: a bar over the time they took, its colour the worst
+    of them (failed, then running, then retried, else succeeded), its note their counts."""
+    counts = Counter(s.status for s in of_phase)
+    said = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+    row = Row(y, f"{len(of_phase)} steps", said, "")
+    began = [b for s in of_phase if (b := _first_dispatch(s)) is not None]
+    if began:
+        running = counts.get("running", 0)
+        ended = max((s.ended_at for s in of_phase if s.ended_at), default=None)
+        until = now if running or ended is None else ended
+        worst = (
+            "failed"
+            if counts.get("failed")
+            else "running"
+            if running
+            else "retry"
+            if any(s.attempts > 1 for s in of_phase)
+            else "succeeded"
+        )
+        row.segments.append(segment(min(began), until, COLOURS[worst], f"{said}, {_took(until - min(began))}"))
+    return row
 
 
 def _step_row(s: StepRow, y: float, now: datetime, segment: Callable[..., Segment]) -> Row:
