@@ -345,3 +345,49 @@ def test_an_open_ledger_never_contradicts_itself_when_its_run_is_cleaned_up(serv
             expect(page.locator("#cleanup-report")).to_be_visible()
         finally:
             browser.close()
+
+
+def test_a_thousand_step_run_on_a_phone(server: tuple[str, str]) -> None:
+    """A run of a thousand steps, followed live to its end on a 390 px phone: its run page
+    and ledger page are under 2,000 elements, and the Clean up button is on the first
+    screen (before: 14,106 and 33,089 elements, the button 300 screens down)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.web.test_big_runs import PAGE_NODES, big_event
+
+    base, token = server
+    headers = {"Authorization": f"Bearer {token}"}
+    stored = httpx.post(
+        f"{base}/api/v1/events", content=big_event(1000).encode(), headers={**headers, "content-type": "text/plain"}
+    )
+    assert stored.status_code == 201, stored.text
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844})
+            page.goto(f"{base}/login")
+            page.fill("#token", token)
+            page.click("button[type=submit]")
+            run = httpx.post(f"{base}/api/v1/runs", json={"event": "big"}, headers=headers).json()
+            page.goto(f"{base}/runs/{run['id']}")
+            page.wait_for_selector('#live[data-ended="true"]', timeout=120_000)  # followed live
+            expect(page.locator(".summary")).to_contain_text("succeeded")
+            expect(page.locator("#step-counts")).to_contain_text("1000 succeeded")
+            problems: list[str] = []
+            for path, shot in (
+                (f"/runs/{run['id']}", "big-run-390.jpg"),
+                (f"/runs/{run['id']}/ledger", "big-ledger-390.jpg"),
+            ):
+                page.goto(base + path)
+                elements = page.evaluate("document.querySelectorAll('*').length")
+                assert elements < PAGE_NODES, f"{path}: {elements} elements"
+                assert page.evaluate("document.documentElement.scrollWidth") <= 390
+                problems += _accessibility(page, path, "390 px")
+                if os.environ.get("ROADIE_SCREENSHOT") == "1":
+                    page.screenshot(path=SCREENSHOT.parent / shot, full_page=True, type="jpeg", quality=70)
+            box = page.locator("#cleanup-button").bounding_box()
+            assert box is not None
+            assert box["y"] + box["height"] <= 844, f"Clean up is at {box}"
+            assert not problems, "\n".join(problems)
+        finally:
+            browser.close()

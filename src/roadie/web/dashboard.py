@@ -34,9 +34,9 @@ from roadie.states import (
     StepStatus,
     WorkerState,
 )
-from roadie.store.rows import ResourceRow, StepRow
+from roadie.store.rows import ResourceRow, RunRow, StepRow
 from roadie.views import Lease
-from roadie.web import auth, service
+from roadie.web import auth, paging, service
 from roadie.web.api import RowId
 from roadie.web.auth import COOKIE, Principal, require, state_of
 from roadie.web.timeline import draw, layout
@@ -95,6 +95,7 @@ def _state(value: str) -> Markup:
 
 templates.env.globals["state"] = _state
 templates.env.globals["draw_timeline"] = draw
+templates.env.globals["Filter"] = paging.Filter
 
 
 def _left_in_world(resources: list[ResourceRow], newest: int = 3) -> dict[str, Any]:
@@ -124,6 +125,19 @@ Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 STATES = [s.value for s in RunStatus]
 Version = Annotated[int | None, Query(ge=1, le=2**31 - 1)]
+
+
+def _shown(
+    state: Annotated[str, Query(max_length=20, pattern="^[a-z_]*$")] = "",
+    action: Annotated[str, Query(max_length=100)] = "",
+    phase: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+) -> paging.Filter:
+    """Which of a run's steps or ledger rows a page shows: `?state=failed&phase=2&page=3`."""
+    return paging.Filter(state, action, phase, page)
+
+
+Shown = Annotated[paging.Filter, Depends(_shown)]
 
 
 def _page_context(who: Principal | None, context: dict[str, Any]) -> dict[str, Any]:
@@ -507,24 +521,33 @@ async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
     }
 
 
-def _draw_live(request: Request, who: Principal, context: dict[str, Any]) -> Markup:
-    """The run page's changing part: its summary, timeline, steps and what it left in the
-    world."""
-    run = context["run"]
+def _phase_names(run: RunRow) -> list[str]:
+    return [p.get("name", "") for p in run.definition.get("phases", [])]
+
+
+def _draw_live(request: Request, who: Principal, context: dict[str, Any], f: paging.Filter) -> Markup:
+    """The run page's changing part: its summary, timeline, a page of its steps and what
+    it left in the world. A run of more steps than a page also counts them by phase,
+    action and state, and its timeline draws a row per phase."""
+    run, steps = context["run"], context["steps"]
+    big = len(steps) > paging.COMPACT_AFTER
     return Markup(
         _render_text(
             request,
             "_run_live.html",
             who,
             **context,
+            f=f,
+            shown=paging.page_of(steps, paging.step_matches(f), f.page),
+            tallies=paging.step_tallies(steps, _phase_names(run)) if big or f.narrowed else None,
             left=_left_in_world(context["resources"]),
-            phase_names=[p.get("name", "") for p in run.definition.get("phases", [])],
-            timeline=layout(run, context["steps"], state_of(request).clock.now()),
+            phase_names=_phase_names(run),
+            timeline=layout(run, steps, state_of(request).clock.now(), compact=big),
         )
     )
 
 
-async def _run_drawing(request: Request, who: Principal, run_id: int, *, whole: bool) -> str:
+async def _run_drawing(request: Request, who: Principal, run_id: int, f: paging.Filter, *, whole: bool) -> str:
     """The run page (`whole`) or its changing part, drawn from the run's rows.
 
     A run that has ended, with no cleanup under way and no step running, no longer moves
@@ -536,14 +559,14 @@ async def _run_drawing(request: Request, who: Principal, run_id: int, *, whole: 
     run's first drawing keeps no rows (it is not known to have ended until it is read);
     the next request reads them and draws again."""
     state = state_of(request)
-    key = (run_id, who.actor, who.role.value, who.csrf or "", whole)
+    key = (run_id, who.actor, who.role.value, who.csrf or "", whole, f.query())
     kept = state.drawn.get(key)
     rows = await state.store.run_view_undecoded(run_id) if kept is not None else None
     if kept is not None and kept[0] == rows:
         return kept[1]
     context = await _run_context(request, run_id)
-    live = _draw_live(request, who, context)
-    html = _render_text(request, "run.html", who, live=live, **context) if whole else str(live)
+    live = _draw_live(request, who, context, f)
+    html = _render_text(request, "run.html", who, live=live, f=f, **context) if whole else str(live)
     run = context["run"]
     timeless = run.ended_at is not None and not (run.cleanup_started_at and not run.cleanup_ended_at)
     if timeless and not any(s.status == StepStatus.RUNNING.value for s in context["steps"]):
@@ -552,24 +575,44 @@ async def _run_drawing(request: Request, who: Principal, run_id: int, *, whole: 
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-async def run_page(request: Request, run_id: RowId, who: Viewer) -> Response:
-    return HTMLResponse(await _run_drawing(request, who, run_id, whole=True))
+async def run_page(request: Request, run_id: RowId, who: Viewer, f: Shown) -> Response:
+    return HTMLResponse(await _run_drawing(request, who, run_id, f, whole=True))
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse)
-async def run_live(request: Request, run_id: RowId, who: Viewer) -> Response:
-    """The changing part of the run page, for htmx to swap in on each server-sent event."""
-    return HTMLResponse(await _run_drawing(request, who, run_id, whole=False))
+async def run_live(request: Request, run_id: RowId, who: Viewer, f: Shown) -> Response:
+    """The changing part of the run page (the page of steps its address names), for htmx
+    to swap in on each server-sent event."""
+    return HTMLResponse(await _run_drawing(request, who, run_id, f, whole=False))
 
 
 @router.get("/runs/{run_id}/ledger", response_class=HTMLResponse)
-async def ledger_page(request: Request, run_id: RowId, who: Viewer, member: str | None = None) -> Response:
+async def ledger_page(request: Request, run_id: RowId, who: Viewer, f: Shown, member: str | None = None) -> Response:
+    """A run's ledger: the clean-up card first, then its rows a page at a time (counted by
+    phase, action and state once there are more than a page), then the cleanup plan."""
     context = await _run_context(request, run_id)
     calls = await service.plan(state_of(request), run_id, member or None)
     preview = await state_of(request).engine.cleanup.preview(run_id, member or None)
     steps = {s.id: s for s in context["steps"]}
+    resources = context["resources"]
+    tallies = (
+        paging.row_tallies(resources, steps, _phase_names(context["run"]))
+        if len(resources) > paging.PAGE_SIZE or f.narrowed
+        else None
+    )
     return _render(
-        request, "ledger.html", who, plan=calls, preview=preview, member=member or "", steps_by_id=steps, **context
+        request,
+        "ledger.html",
+        who,
+        plan=calls,
+        preview=preview,
+        member=member or "",
+        steps_by_id=steps,
+        f=f,
+        shown=paging.page_of(resources, paging.row_matches(f, steps), f.page),
+        tallies=tallies,
+        plan_shown=paging.PAGE_SIZE,
+        **context,
     )
 
 
