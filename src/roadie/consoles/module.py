@@ -104,8 +104,8 @@ def format_number(value: float) -> str:
 
 def open_console(definition: ConsoleDef, settings: dict[str, Any], base_dir: str, name: str) -> Console:
     """The transport, at the address and with the password `roadie.toml`'s table gives
-    (`address`, `password_env`, `password_file`), else the definition's. The password is
-    read from the environment or a file, never from either file itself."""
+    (`address`; `password`, `password_env` or `password_file`), else the definition's.
+    The definition never holds a password itself: only where to read it."""
     address = settings.get("address") or definition.address
     if not address:
         raise ConfigError(f'console module {name!r}: no address (give address = "host:port" in its table)')
