@@ -70,6 +70,24 @@ def test_validate_accepts_a_good_file_and_names_field_and_line_of_a_bad_one(work
     assert expected in out
 
 
+def test_validate_and_apply_answer_json_for_scripts(workdir: Path) -> None:
+    """`event validate --json` and `event apply --json`: what they found, or the problems
+    with their lines, as JSON (they had no --json)."""
+    code, out = roadie("event", "validate", "quick.yaml", "--json")
+    assert code == 0, out
+    checked = json.loads(out)
+    assert (checked["ok"], checked["file"], checked["steps"]) == (True, "quick.yaml", 3), checked
+    (workdir / "bad.yaml").write_text(QUICK_EVENT.replace("sandbox.spawn", "sandbox.spwan"))
+    code, out = roadie("event", "validate", "bad.yaml", "--json")
+    assert code == 65
+    error = json.loads(out)["error"]
+    assert error["kind"] == "definition"
+    assert any("bad.yaml:16: phases[1].steps[0].action" in m for m in error["messages"]), error
+    code, out = roadie("event", "apply", "quick.yaml", "--json")
+    assert code == 0, out
+    assert json.loads(out)["version"] == 1
+
+
 def test_bad_step_parameters_are_refused_at_validation(workdir: Path) -> None:
     """A `with:` that does not fit the action's schema is refused before anything runs."""
     (workdir / "bad.yaml").write_text(QUICK_EVENT.replace('count: "{{ count }}"', "count: lots"))

@@ -21,34 +21,44 @@ event_app = group("Event definitions: validate, apply, list.")
 @event_app.command("validate")
 def event_validate(
     file: Path = typer.Argument(..., metavar="FILE", help="An event file, YAML or JSON."),
+    as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Check an event file against the loaded modules, without storing it."""
+    """Check an event file against the loaded modules, without storing it (exit 65 with
+    every mistake, file:line: field: message)."""
     from roadie.definitions import load_file
 
-    async def work(ctx: Context) -> str:
+    async def work(ctx: Context) -> dict[str, Any]:
         definition = load_file(file, ctx.registry)
-        return f"{file}: ok — event {definition.id!r}, {len(definition.phases)} phases, " + (
-            f"{sum(len(p.steps) for p in definition.phases)} steps"
-        )
+        steps = sum(len(p.steps) for p in definition.phases)
+        return {"file": str(file), "ok": True, "event": definition.id, "phases": len(definition.phases), "steps": steps}
 
-    console.print(in_context(database_url, config, work, read_only=True))
+    checked = in_context(database_url, config, work, as_json=as_json, read_only=True)
+    if as_json:
+        print_json(checked)
+        return
+    console.print(f"{file}: ok — event {checked['event']!r}, {checked['phases']} phases, {checked['steps']} steps")
 
 
 @event_app.command("apply")
 def event_apply(
     file: Path = typer.Argument(..., metavar="FILE", help="An event file, YAML or JSON."),
+    as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Validate an event file and store it as the event's newest version."""
 
-    async def work(ctx: Context) -> str:
+    async def work(ctx: Context) -> dict[str, Any]:
         row = await apply_event(ctx, file)
-        return f"event {row.event_id!r} version {row.version}"
+        return {"event": row.event_id, "version": row.version}
 
-    console.print(in_context(database_url, config, work))
+    applied = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        print_json(applied)
+        return
+    console.print(f"event {applied['event']!r} version {applied['version']}")
 
 
 async def apply_event(ctx: Context, file: Path) -> Any:
