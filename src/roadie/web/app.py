@@ -32,7 +32,7 @@ from roadie.web import api, bodies, dashboard, streams
 from roadie.web.auth import Forbidden, Unauthenticated, identify, state_of
 from roadie.web.live import Broker
 from roadie.web.metrics import CONTENT_TYPE, Metrics
-from roadie.web.outage import DatabaseWatch, RefuseWhileDown
+from roadie.web.outage import PING_TIMEOUT, DatabaseWatch, RefuseWhileDown
 from roadie.web.state import WebOptions, WebState
 
 log = structlog.get_logger(__name__)
@@ -72,11 +72,16 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
                 state.worker_task = asyncio.create_task(engine.run_forever(), name="roadie-worker")
                 state.worker_task.add_done_callback(_worker_ended)
             state.database = DatabaseWatch(ctx.store)
-            watching = asyncio.create_task(state.database.run(), name="roadie-database-watch")
+            stop_watching = asyncio.Event()
+            watching = asyncio.create_task(state.database.run(stop_watching), name="roadie-database-watch")
             try:
                 yield
             finally:
-                watching.cancel()
+                stop_watching.set()
+                try:
+                    await asyncio.wait_for(asyncio.shield(watching), PING_TIMEOUT + 1)
+                except TimeoutError:
+                    watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
                 if state.worker_task is not None:
                     engine.stop()

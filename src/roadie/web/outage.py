@@ -12,6 +12,7 @@ or cut off): then writes are refused, and the site comes back by itself when it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -91,10 +92,13 @@ class DatabaseWatch:
         if self._outage is not None:
             self._set(None)
 
-    async def run(self) -> None:
-        while True:
+    async def run(self, stop: asyncio.Event) -> None:
+        """Look every `every` seconds until `stop` is set. It ends between looks, never
+        inside one: a ping cancelled halfway leaves its connection to the garbage collector."""
+        while not stop.is_set():
             await self.look()
-            await asyncio.sleep(self.every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.every)
 
     def _set(self, outage: Outage | None) -> None:
         before, self._outage = self._outage, outage
