@@ -20,8 +20,6 @@ import re
 import secrets
 
 from roadie.consoles.transport import (
-    ConsoleAuthFailed,
-    ConsoleUnreachable,
     Quoting,
     ReplyLost,
     TcpConsole,
@@ -45,23 +43,12 @@ class TeeworldsEcon(TcpConsole):
         self._markers = itertools.count(1)
         self._session = secrets.token_hex(4)
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if (kept := self._open()) is not None:
-            return kept
-        try:
-            async with asyncio.timeout(self.timeout):
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-                await _line_containing(reader, "password")
-                writer.write(self._password.encode() + b"\n")
-                await writer.drain()
-                answer = await _line_containing(reader, "")
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            raise ConsoleUnreachable(f"{self.host}:{self.port}: {type(exc).__name__} {exc}".strip()) from exc
-        if not answer.startswith("Authentication successful"):
-            writer.close()
-            raise ConsoleAuthFailed(f"{self.host}:{self.port}: {answer}")
-        self._reader, self._writer = reader, writer
-        return reader, writer
+    async def _login(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
+        await _line_containing(reader, "password")
+        writer.write(self._password.encode() + b"\n")
+        await writer.drain()
+        answer = await _line_containing(reader, "")
+        return None if answer.startswith("Authentication successful") else answer
 
     async def send(self, command: str) -> str:
         line = check_line(command)

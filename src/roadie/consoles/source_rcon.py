@@ -17,9 +17,7 @@ import itertools
 import struct
 
 from roadie.consoles.transport import (
-    ConsoleAuthFailed,
     ConsoleError,
-    ConsoleUnreachable,
     Quoting,
     ReplyLost,
     TcpConsole,
@@ -61,26 +59,15 @@ class SourceRcon(TcpConsole):
         self.marker = marker  # the second command that ends a reply
         self._ids = itertools.count(1)
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if (kept := self._open()) is not None:
-            return kept
+    async def _login(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
         auth_id = next(self._ids)
-        try:
-            async with asyncio.timeout(self.timeout):
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-                writer.write(encode(auth_id, AUTH, self._password))
-                await writer.drain()
-                while True:  # Source servers send an empty RESPONSE_VALUE first
-                    packet_id, kind, _ = await read_packet(reader)
-                    if kind == AUTH_RESPONSE:
-                        break
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            raise ConsoleUnreachable(f"{self.host}:{self.port}: {type(exc).__name__} {exc}".strip()) from exc
-        if packet_id == -1 or packet_id != auth_id:
-            writer.close()
-            raise ConsoleAuthFailed(f"{self.host}:{self.port}: the RCON password was refused")
-        self._reader, self._writer = reader, writer
-        return reader, writer
+        writer.write(encode(auth_id, AUTH, self._password))
+        await writer.drain()
+        while True:  # Source servers send an empty RESPONSE_VALUE first
+            packet_id, kind, _ = await read_packet(reader)
+            if kind == AUTH_RESPONSE:
+                break
+        return None if packet_id == auth_id else "the RCON password was refused"
 
     async def send(self, command: str) -> str:
         line = check_line(command)

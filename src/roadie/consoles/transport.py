@@ -162,6 +162,28 @@ class TcpConsole(Console):
             return self._reader, self._writer
         return None
 
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The kept connection, or a new one logged in: nothing is sent on a connection that
+        could not be made (`ConsoleUnreachable`) or whose password was refused."""
+        if (kept := self._open()) is not None:
+            return kept
+        try:
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                refused = await self._login(reader, writer)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            raise ConsoleUnreachable(f"{self.host}:{self.port}: {type(exc).__name__} {exc}".strip()) from exc
+        if refused is not None:
+            writer.close()
+            raise ConsoleAuthFailed(f"{self.host}:{self.port}: {refused}")
+        self._reader, self._writer = reader, writer
+        return reader, writer
+
+    @abstractmethod
+    async def _login(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
+        """Give the password on a new connection: None when the console let us in, else
+        what it said instead."""
+
     async def _drop(self) -> None:
         writer, self._reader, self._writer = self._writer, None, None
         if writer is not None:
