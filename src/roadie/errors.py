@@ -104,6 +104,12 @@ class ClaimLost(InvalidState):
     or was released): the work stopped, and wrote nothing under the lost claim."""
 
 
+class Superseded(ClaimLost):
+    """A module refused a call because its fence is older than one it has already accepted
+    for what the call changes: a newer owner of the step or the lease target has acted, so
+    this owner's claim has lapsed. Nothing was done; nothing is retried under this claim."""
+
+
 class StepError(RoadieError):
     """A step failed. Whether it is retried is said by the error itself."""
 

@@ -1,4 +1,4 @@
-"""The remote module protocol, version 1: paths, bodies, signatures (docs/protocol.md).
+"""The remote module protocol, version 2: paths, bodies, signatures, fences (docs/protocol.md).
 
 Both transports carry the same bodies. In *push* the engine POSTs a body to the module
 server's path; in *pull* the module fetches the same body from the engine's work queue,
@@ -10,6 +10,12 @@ is `webhook-id` (fresh per request), TIMESTAMP `webhook-timestamp` (Unix seconds
 BODY the exact bytes sent. A request more than `MAX_SKEW` seconds away from the
 receiver's clock is refused, and one whose id the receiver saw within that window is a
 replay. Answers are signed under the id of the request they answer.
+
+Every call that changes the world (dispatch, revert, lease apply and restore) carries a
+`fence`: a number that only grows for what the call changes (the step's key, or the
+lease target), minted by the engine's database each time an owner claims the right to
+change it. A module refuses, with `SUPERSEDED`, a fence lower than one it has already
+accepted for that target: the call comes from an owner whose claim has lapsed.
 """
 
 from __future__ import annotations
@@ -25,16 +31,26 @@ from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from secrets import token_urlsafe
-from typing import Any, Literal, get_origin
+from typing import Annotated, Any, Literal, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from standardwebhooks import Webhook
 
 from roadie.clock import Clock, SystemClock
 from roadie.errors import RoadieError
 
-VERSION: Literal["roadie/v1"] = "roadie/v1"
-PREFIX = "/roadie/v1"
+VERSION: Literal["roadie/v2"] = "roadie/v2"
+PREFIX = "/roadie/v2"
+# Version 1 had no fences and signed no request line: its paths are answered RETIRED,
+# with one line saying what to change.
+RETIRED_PREFIX = "/roadie/v1"
+RETIRED = 410
+V1_RETIRED = (
+    "roadie/v1 is retired: Roadie speaks roadie/v2 (paths /roadie/v2/..., the method and path signed, "
+    "fences on dispatch, revert, lease apply and restore); see docs/protocol.md, 'From roadie/v1'"
+)
+SUPERSEDED = 412  # a module's answer to a call whose fence is older than one it accepted
+MAX_FENCE = 2**53 - 1  # JSON encoders that keep numbers as doubles keep integers up to here
 MAX_SKEW = 300.0  # seconds
 # What a receiver takes, checked before it reads a body (docs/protocol.md §1, "Limits"):
 # room for an answer listing MAX_RESOURCES resources with payloads.
@@ -433,13 +449,25 @@ class LeaseSpec(_Body):
 
 
 class Manifest(_Body):
-    protocol: Literal["roadie/v1"] = VERSION
+    protocol: str = VERSION
     module: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = ""
     actions: list[ActionSpec] = Field(default_factory=list)
     leases: list[LeaseSpec] = Field(default_factory=list)
     inspect: bool = Field(False, description="whether the server answers /inspect")
     tagged: bool = Field(False, description="whether the server answers /tagged: what it holds tagged with keys")
+
+    @field_validator("protocol")
+    @classmethod
+    def _speaks_this_version(cls, value: str) -> str:
+        if value == "roadie/v1":
+            raise ValueError(V1_RETIRED)
+        if value != VERSION:
+            raise ValueError(f"unknown protocol {value!r}: Roadie speaks {VERSION}")
+        return value
+
+
+Fence = Annotated[int, Field(ge=1, le=MAX_FENCE, description="only grows for what the call changes")]
 
 
 class DispatchRequest(_Body):
@@ -449,6 +477,7 @@ class DispatchRequest(_Body):
     idempotency_key: str = Field(min_length=1, max_length=190)
     attempt: int = Field(ge=1)
     params: dict[str, Any] = Field(default_factory=dict)
+    fence: Fence
 
 
 class RevertRequest(_Body):
@@ -456,6 +485,7 @@ class RevertRequest(_Body):
     run_id: int
     idempotency_key: str = Field(min_length=1, max_length=190)
     resources: list[WireResource] = Field(default_factory=list, description="empty: whatever this key made")
+    fence: Fence
 
 
 class RevertFailureBody(_Body):
@@ -506,13 +536,20 @@ class TaggedAnswer(_Body):
 
 
 class LeaseRequest(_Body):
-    """lease/read (no value), lease/apply and lease/restore (the value to write)."""
+    """lease/read (no value, no fence), lease/apply and lease/restore (the value to write,
+    and the fence of the owner writing it)."""
 
     lease: str
     target: str | None = None
     run_id: int
     idempotency_key: str = Field(min_length=1, max_length=190)
     value: Any = None
+    fence: Fence | None = None
+
+    @property
+    def fence_target(self) -> str:
+        """What a lease call's fence is counted for: the lease and its target."""
+        return lease_fence_target(self.lease, self.target)
 
 
 class LeaseValue(_Body):
@@ -575,6 +612,8 @@ class ErrorDetail(_Body):
     message: str
     retryable: bool = False
     field: str | None = None
+    code: str | None = Field(None, description='"superseded" on a 412: the call\'s fence is older than the mark')
+    fence: int | None = Field(None, description="on a superseded call: the highest fence accepted for its target")
 
 
 class ErrorBody(_Body):
@@ -583,6 +622,30 @@ class ErrorBody(_Body):
 
 def error_body(message: str, *, retryable: bool = False, field: str | None = None) -> dict[str, Any]:
     return ErrorBody(error=ErrorDetail(message=message, retryable=retryable, field=field)).model_dump(exclude_none=True)
+
+
+def superseded_body(target: str, fence: int, mark: int) -> dict[str, Any]:
+    """The answer to a call whose fence is older than one accepted for its target."""
+    detail = ErrorDetail(
+        message=f"fence {fence} is older than fence {mark}, already accepted for {target}: a newer owner has acted",
+        field="fence",
+        code="superseded",
+        fence=mark,
+    )
+    return ErrorBody(error=detail).model_dump(exclude_none=True)
+
+
+def lease_fence_target(lease: str, target: str | None) -> str:
+    """The name a lease's fence is counted under: `lease#target`, or the lease alone."""
+    return lease if target is None else f"{lease}#{target}"
+
+
+def is_superseded(status: int, body: Any) -> bool:
+    """Whether an answer refuses a call as superseded by a newer owner's fence."""
+    if status != SUPERSEDED or not isinstance(body, dict):
+        return False
+    error = body.get("error")
+    return isinstance(error, dict) and error.get("code") == "superseded"
 
 
 def retryable_status(status: int) -> bool:

@@ -44,7 +44,11 @@ class ModuleConfig:
 
 @dataclass(frozen=True)
 class Call(Generic[P]):
-    """One dispatch of an action. The idempotency key is the step's, the same on every retry."""
+    """One dispatch of an action. The idempotency key is the step's, the same on every retry.
+
+    `fence` grows with every claim of the step (docs/protocol.md §4, rule 7): a module that
+    has acted for the key under a higher one refuses this call with `Superseded`. 0 is a
+    call no claim stands behind (a test, a conformance check): nothing is refused for it."""
 
     run_id: int
     step_id: int
@@ -53,6 +57,7 @@ class Call(Generic[P]):
     params: P
     state: Any
     clock: Clock
+    fence: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class RevertCall:
     resources: list[Resource]
     state: Any
     clock: Clock
+    fence: int = 0  # as Call's: the fence of the cleanup (or sweep) that reverts
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,7 @@ class LeaseCall:
 
     `idempotency_key` and `run_id` name the step that borrows (or whose borrow is being
     given back); remote modules send them on the wire. The sweeper's restores carry them too.
+    `fence` is the writing owner's (Call's), counted per lease target; a read carries none.
     """
 
     lease: str
@@ -109,6 +116,7 @@ class LeaseCall:
     clock: Clock
     idempotency_key: str | None = None
     run_id: int | None = None
+    fence: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from roadie.errors import (
     RetryableError,
     StepError,
     StepTimeout,
+    Superseded,
 )
 from roadie.registry.module import (
     Call,
@@ -270,6 +271,8 @@ def judge(name: str, kind: str, status: int, body: Any) -> Any:
             )
         return body
     message = f"{name} {kind}: {_message(body, status)}"
+    if protocol.is_superseded(status, body):
+        raise Superseded(message)
     if protocol.retryable_status(status):
         raise RetryableError(message, next_retry_delay=_retry_after(headers))
     raise PermanentError(message)
@@ -333,6 +336,7 @@ class RemoteModule:
                 idempotency_key=call.idempotency_key,
                 attempt=max(1, call.attempt),
                 params=call.params.model_dump(mode="json", by_alias=True),
+                fence=max(1, call.fence),
             ).model_dump(mode="json")
             # A body that is not JSON comes back as a string, which the ledger refuses as
             # "not an answer": the placeholder stays, and cleanup reverts by key.
@@ -349,6 +353,7 @@ class RemoteModule:
                     run_id=call.run_id,
                     idempotency_key=call.idempotency_key,
                     resources=[_wire(r.kind, r.ref, r.payload, r.member_key) for r in call.resources],
+                    fence=max(1, call.fence),
                 ).model_dump(mode="json", by_alias=True)
                 answer = await self._side_call("revert", body, call.idempotency_key)
                 try:
@@ -363,24 +368,21 @@ class RemoteModule:
         name = spec.name
         lease_id = f"{module.name}.{name}"
 
-        def body(call: LeaseCall, value: Any = None) -> dict[str, Any]:
+        def body(call: LeaseCall, value: Any = None, *, writes: bool = True) -> dict[str, Any]:
             return protocol.LeaseRequest(
                 lease=name,
                 target=call.target,
                 run_id=call.run_id or 0,
                 idempotency_key=call.idempotency_key or f"lease-{lease_id}",
                 value=value,
-            ).model_dump(mode="json")
+                fence=max(1, call.fence) if writes else None,
+            ).model_dump(mode="json", exclude=None if writes else {"fence"})
 
         async def read(call: LeaseCall) -> Any:
-            answer = await self._side_call("lease.read", body(call), call.idempotency_key or protocol.NO_KEY)
+            answer = await self._side_call(
+                "lease.read", body(call, writes=False), call.idempotency_key or protocol.NO_KEY
+            )
             return _lease_value(lease_id, answer)
-
-        async def apply(call: LeaseCall, value: Any) -> None:
-            await self._side_call("lease.apply", body(call, value), call.idempotency_key or protocol.NO_KEY)
-
-        async def restore(call: LeaseCall, value: Any) -> None:
-            await self._side_call("lease.restore", body(call, value), call.idempotency_key or protocol.NO_KEY)
 
         if spec.value is not None:
             check_value_schema(lease_id, spec.value)
@@ -438,12 +440,29 @@ def cache_path(base_dir: str, name: str) -> Path:
 
 
 async def fetch_manifest(transport: PushTransport) -> protocol.Manifest:
-    status, body = await transport.request("GET", protocol.MANIFEST, None, protocol.NO_KEY)
-    body = judge(transport.name, "manifest", status, body)
+    try:
+        status, body = await transport.request("GET", protocol.MANIFEST, None, protocol.NO_KEY)
+        body = judge(transport.name, "manifest", status, body)
+    except StepError as exc:
+        if await _speaks_v1(transport):
+            raise ConfigError(f"module {transport.name!r} at {transport.settings.url}: {protocol.V1_RETIRED}") from exc
+        raise
     try:
         return protocol.Manifest.model_validate(body)
     except ValidationError as exc:
         raise ConfigError(f"module {transport.name!r} sent a manifest that is not valid: {exc}") from exc
+
+
+async def _speaks_v1(transport: PushTransport) -> bool:
+    """Whether the server behind a failed manifest answers version 1's manifest path: a
+    module to be told, in one line, what to change, rather than left with a bare error."""
+    path = f"{protocol.RETIRED_PREFIX}/manifest"
+    headers = protocol.sign(transport.settings.secret, "GET", path, b"", key=protocol.NO_KEY)
+    try:
+        response = await transport.client.get(path, headers=headers)
+    except httpx2.HTTPError:
+        return False
+    return response.status_code in (200, 401)
 
 
 def read_cached(base_dir: str, name: str) -> protocol.Manifest | None:

@@ -1,9 +1,9 @@
 """The engine's HTTP side of the protocol: what modules call (docs/protocol.md).
 
-- `POST /roadie/v1/announce`: a polling module says what it is (its manifest).
-- `POST /roadie/v1/pull`: a polling module long-polls for calls.
-- `POST /roadie/v1/answer`: it posts a call's answer back.
-- `POST /roadie/v1/report`: any module reports resources a step's effect made by itself.
+- `POST /roadie/v2/announce`: a polling module says what it is (its manifest).
+- `POST /roadie/v2/pull`: a polling module long-polls for calls.
+- `POST /roadie/v2/answer`: it posts a call's answer back.
+- `POST /roadie/v2/report`: any module reports resources a step's effect made by itself.
 
 Every request is signed with the calling module's secret, under an id it never sent
 before, and names the module in `X-Roadie-Module`; anything else is refused with 401 (a
@@ -264,7 +264,16 @@ def gateway_router(find: Callable[[Request], Gateway]) -> APIRouter:
         (protocol.REPORT, "report"),
     ):
         router.add_api_route(path, _guarded(find, name), methods=["POST"], include_in_schema=False)
+    router.add_api_route(
+        protocol.RETIRED_PREFIX + "/{rest:path}", _retired, methods=["GET", "POST"], include_in_schema=False
+    )
     return router
+
+
+async def _retired(rest: str) -> Response:
+    """A module written for version 1 is told in one line what to change, not left to
+    puzzle over a bare 401 or 404."""
+    return _error(protocol.RETIRED, protocol.V1_RETIRED, None)
 
 
 def _guarded(find: Callable[[Request], Gateway], name: str) -> Any:
