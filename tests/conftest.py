@@ -47,7 +47,16 @@ from roadie.engine import Engine, EngineOptions
 from roadie.engine.notify import Webhook
 from roadie.errors import AnswerLost, PermanentError, RetryableError
 from roadie.modules.sandbox import SandboxWorld
-from roadie.registry import Call, LeaseCall, Module, ModuleConfig, Registry, RevertCall, build_registry
+from roadie.registry import (
+    Call,
+    FenceMarks,
+    LeaseCall,
+    Module,
+    ModuleConfig,
+    Registry,
+    RevertCall,
+    build_registry,
+)
 from roadie.states import Reversible
 from roadie.store import Store, dialects, tables
 from roadie.store.rows import EventRow, ResourceRow, RunRow, StepRow
@@ -110,6 +119,7 @@ class Dispatched:
     at: Any
     run_id: int
     outcome: str = "in flight"  # "answered" | "raised" | "cancelled"
+    fence: int = 0
 
 
 @dataclass
@@ -130,6 +140,8 @@ class ProbeState:
     before_dial_write: Callable[[LeaseCall, Any], Awaitable[None]] | None = None  # awaited before each write
     observe_revert: Callable[[RevertCall], Awaitable[None]] | None = None  # awaited inside each revert
     offline: str | None = None  # when set, the module says it is offline, and why
+    fences: FenceMarks = field(default_factory=FenceMarks)  # refused as a module must (protocol §4 rule 7)
+    written: list[tuple[float, int]] = field(default_factory=list)  # each dial write, with its fence
 
     def calls_of(self, key: str) -> list[Dispatched]:
         return [c for c in self.calls if c.key == key]
@@ -147,17 +159,19 @@ def probe_module() -> Module:
     async def make(call: Call[MakeParams]) -> Any:
         state: ProbeState = call.state
         p = call.params
-        record = Dispatched(call.idempotency_key, call.attempt, call.clock.now(), call.run_id)
+        record = Dispatched(call.idempotency_key, call.attempt, call.clock.now(), call.run_id, fence=call.fence)
         state.calls.append(record)
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
+            state.fences.accept(call.idempotency_key, call.fence)
             if state.observe is not None:
                 await state.observe(call)
             if p.hold:
                 await call.clock.sleep(p.hold)
             if p.hang:
                 await asyncio.Event().wait()
+            state.fences.check(call.idempotency_key, call.fence)  # what it makes, it makes now
             if call.attempt <= p.fail_first or p.error == "retryable":
                 raise RetryableError(f"probe: attempt {call.attempt} fails")
             if p.error == "permanent":
@@ -180,6 +194,7 @@ def probe_module() -> Module:
         state: ProbeState = call.state
         if state.observe_revert is not None:
             await state.observe_revert(call)
+        state.fences.accept(call.idempotency_key, call.fence)
         state.reverts.append(call)
         if state.broken_reverts:
             raise RuntimeError("probe: this module is gone")
@@ -203,7 +218,9 @@ def probe_module() -> Module:
         state: ProbeState = call.state
         if state.before_dial_write is not None:
             await state.before_dial_write(call, value)
+        state.fences.accept(call.lease, call.fence)
         state.dial = float(value)
+        state.written.append((state.dial, call.fence))
         if state.observe_dial is not None:
             await state.observe_dial(call, value)
 

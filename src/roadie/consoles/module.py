@@ -15,7 +15,7 @@ import contextlib
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -37,6 +37,7 @@ from roadie.consoles.transport import (
     check_line,
 )
 from roadie.errors import ConfigError, PermanentError, RetryableError
+from roadie.protocol import lease_fence_target
 from roadie.registry import (
     Answer,
     Call,
@@ -51,6 +52,7 @@ from roadie.registry import (
     TaggedCall,
     TaggedPage,
 )
+from roadie.registry.fences import FenceMarks
 from roadie.remote.schema import params_model
 from roadie.states import Reversible
 
@@ -144,16 +146,20 @@ def _password(definition: ConsoleDef, settings: dict[str, Any], base_dir: str, n
 
 @dataclass
 class ConsoleWorld:
-    """A console module's state: the definition and the open console."""
+    """A console module's state: the definition, the open console, and the fence marks of
+    what it has changed (a server cannot keep them: this process refuses for it)."""
 
     definition: ConsoleDef
     console: Console
     commands: _Commands
     errors: list[re.Pattern[str]]
+    fences: FenceMarks = field(default_factory=FenceMarks)
 
-    async def run(self, command: str) -> str:
-        """Send a command that changes the world; a reply that says it was not carried out
-        fails it."""
+    async def run(self, command: str, fenced: tuple[str, int] = ("", 0)) -> str:
+        """Send a command that changes the world, for `fenced` (a target and the fence of
+        the call it is sent for: refused once a newer owner has acted for it); a reply that
+        says it was not carried out fails it."""
+        self.fences.check(*fenced)
         reply = await self.console.send(check_line(command))
         self._refused(command, reply)
         return reply
@@ -274,8 +280,10 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
     async def do(call: Call[Any]) -> Answer:
         world: ConsoleWorld = call.state
         context = _context(call)
+        fenced = (call.idempotency_key, call.fence)
+        world.fences.accept(*fenced)
         if action.reversible is not Reversible.LEDGER:
-            return await _do_once(world, action, context)
+            return await _do_once(world, action, context, fenced)
         try:
             refs = _refs(world, action, context, _count(action, context))
             present = await _present(world, action, refs)
@@ -284,7 +292,7 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
                     continue  # made by an earlier attempt whose answer never came back
                 try:
                     for command in world.render_all(action.do, {**context, "ref": Bare(ref), "index": index}):
-                        await world.run(command)
+                        await world.run(command, fenced)
                 except ReplyLost:
                     log.warning("console reply lost: reading the world back", action=action_id, ref=ref)
                     break
@@ -299,6 +307,8 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
     async def revert(call: RevertCall) -> list[RevertFailure]:
         world: ConsoleWorld = call.state
         context = {"key": Bare(call.idempotency_key), "run_id": call.run_id}
+        fenced = (call.idempotency_key, call.fence)
+        world.fences.accept(*fenced)
         try:
             if call.resources:
                 refs = [r.ref for r in call.resources]
@@ -306,14 +316,14 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
                 refs = await _made_by(world, action, call.idempotency_key, context)
             if action.revert_key is not None:
                 for command in world.render_all(action.revert_key, context):
-                    await _undo(world, command)
+                    await _undo(world, command, fenced)
             present = await _present(world, action, refs)
             for ref in refs:
                 if ref not in present:
                     continue  # already gone: reverting it is a success
                 assert action.revert is not None
                 for command in world.render_all(action.revert, {**context, "ref": Bare(ref), "index": 0}):
-                    await _undo(world, command)
+                    await _undo(world, command, fenced)
             still = await _present(world, action, refs)
         except ConsoleError as exc:
             raise _as_step_error(exc) from exc
@@ -327,13 +337,13 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
         registered.revert(revert)
 
 
-async def _do_once(world: ConsoleWorld, action: ActionDef, context: dict[str, Any]) -> Answer:
+async def _do_once(world: ConsoleWorld, action: ActionDef, context: dict[str, Any], fenced: tuple[str, int]) -> Answer:
     """A `none` or `self` action: sent once. Over UDP a lost reply is not sent again (a
     second broadcast cannot be taken back either): the step is done, unconfirmed."""
     replies: list[str] = []
     for command in world.render_all(action.do, context):
         try:
-            replies.append(await world.run(command))
+            replies.append(await world.run(command, fenced))
         except ReplyLost:
             return Answer(output={"confirmed": False})
         except ConsoleError as exc:
@@ -341,9 +351,9 @@ async def _do_once(world: ConsoleWorld, action: ActionDef, context: dict[str, An
     return Answer(output={"confirmed": True, "reply": "\n".join(replies)[-2000:].strip()})
 
 
-async def _undo(world: ConsoleWorld, command: str) -> None:
+async def _undo(world: ConsoleWorld, command: str, fenced: tuple[str, int]) -> None:
     with contextlib.suppress(ReplyLost):  # what is still there is read back next, and reported
-        await world.run(command)
+        await world.run(command, fenced)
 
 
 def _as_step_error(exc: Exception) -> Exception:
@@ -472,10 +482,12 @@ def _add_lease(module: Module, name: str, lease: LeaseDef, transport: TransportN
 
     async def put(call: LeaseCall, value: Any, commands: Commands) -> None:
         world: ConsoleWorld = call.state
+        fenced = (lease_fence_target(name, call.target), call.fence)
+        world.fences.accept(*fenced)
         try:
             for command in world.render_all(commands, {**context(call), "value": value}):
                 try:
-                    await world.run(command)
+                    await world.run(command, fenced)
                 except ReplyLost:
                     log.warning("console reply lost: reading the setting back", lease=name)
         except ConsoleError as exc:

@@ -13,7 +13,7 @@ import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -327,10 +327,12 @@ class Cleanup:
             raise InvalidState(f"run {run_id} is {run.status}; cancel it first, or clean up one member with --member")
         claim = CleanupClaim(run_id, mint_token(self.incarnation), self.claim_ttl)
         claimed_at = self.clock.now()
-        if not await self.store.claim_cleanup(
+        fence = await self.store.claim_cleanup(
             claim, self.worker, claimed_at, again=again, scoped=member_key is not None
-        ):
+        )
+        if fence is None:
             raise InvalidState(f"run {run_id}'s cleanup is under way elsewhere, or not pending")
+        claim = replace(claim, fence=fence)
         if self.clock.now() >= claimed_at + timedelta(seconds=self.claim_ttl):
             # The claim runs from when it was asked for: a database that took longer than
             # its lifetime to commit it handed over a claim anyone may take already, and
@@ -453,14 +455,17 @@ class Cleanup:
         run_id = claim.run_id
         try:
             if call.kind == "restore":
-                if not await self.store.claim_lease_row(claim, call.row_ids[0], now()):
+                fence = await self.store.claim_lease_row(claim, call.row_ids[0], now())
+                if fence is None:
                     report.held += 1  # the expiry sweeper is giving it back, and marks it itself
                     marks.held.add(call.row_ids[0])
                     return
                 marks.held.discard(call.row_ids[0])  # tried by this cleanup: its outcome is this one's
                 row = next(r for r in rows if r.id == call.row_ids[0])
                 async with self._deadline():
-                    changed = await leases.restore(self.store, self.registry, self.clock, row, self.call_timeout)
+                    changed = await leases.restore(
+                        self.store, self.registry, self.clock, row, self.call_timeout, fence=fence
+                    )
                 marks.reverted.extend(call.row_ids)
                 await self._record(claim, marks)
                 if changed is None:
@@ -470,7 +475,7 @@ class Cleanup:
                     marks.left_alone.append((row, step, changed.shown))
                 return
             async with self._deadline():
-                failures = await self._revert(run_id, step, call)
+                failures = await self._revert(claim, step, call)
         except (ClaimLost, StoreError):
             # The claim is gone, or the database is unwell (a commit lost with its
             # connection): neither is the world refusing, and the row keeps no error. The
@@ -513,7 +518,7 @@ class Cleanup:
     def _deadline(self) -> AbstractAsyncContextManager[object]:
         return self.clock.timeout(self.call_timeout)
 
-    async def _revert(self, run_id: int, step: StepRow | None, call: PlannedCall) -> list[RevertFailure]:
+    async def _revert(self, claim: CleanupClaim, step: StepRow | None, call: PlannedCall) -> list[RevertFailure]:
         if step is None:
             raise InvalidState("the row names no step, so no module can revert it; forget it")
         try:
@@ -522,11 +527,12 @@ class Cleanup:
             raise InvalidState(f"{exc.message}: its module is not loaded") from exc
         assert action.revert_fn is not None
         revert_call = RevertCall(
-            run_id=run_id,
+            run_id=claim.run_id,
             idempotency_key=step.idempotency_key,
             resources=[Resource(r["kind"], r["ref"], r["payload"], r["memberKey"]) for r in call.resources],
             state=self.registry.state(action.module.name),
             clock=self.clock,
+            fence=claim.fence,
         )
         answer = await maybe_await(action.revert_fn(revert_call))
         if answer is None:

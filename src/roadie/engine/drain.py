@@ -29,6 +29,7 @@ from roadie.errors import (
     StepError,
     StepTimeout,
     StoreError,
+    Superseded,
     UnknownAction,
 )
 from roadie.registry import Call
@@ -430,7 +431,10 @@ class Drain(Advance):
             if action.borrows:
                 assert claimed.reserved_id is not None
                 outcome: Outcome = await self._with_timeout(
-                    leases.borrow(self.store, self.registry, self.clock, step, claimed.reserved_id), step.timeout
+                    leases.borrow(
+                        self.store, self.registry, self.clock, step, claimed.reserved_id, fence=claimed.fence
+                    ),
+                    step.timeout,
                 )
                 outcome.started = started
                 return outcome
@@ -446,6 +450,7 @@ class Drain(Advance):
                 params=params,
                 state=self.registry.state(action.module.name),
                 clock=self.clock,
+                fence=claimed.fence,
             )
             raw = await self._with_timeout(action.call(call), step.timeout)
         except UnknownAction as exc:
@@ -454,6 +459,11 @@ class Drain(Advance):
             return self._failed(
                 step, started, exc.message or type(exc).__name__, retryable=exc.retryable, delay=exc.next_retry_delay
             )
+        except Superseded as exc:
+            # The module has acted for the step under a newer claim's fence: this attempt's
+            # claim was taken over. Nothing was done; what the step records is the newer one's.
+            log.warning("superseded", run_id=step.run_id, step_id=step.id, error=exc.message)
+            return self._failed(step, started, f"superseded: {exc.message}", retryable=True, at_least=STORE_ATTEMPTS)
         except ClaimLost as exc:
             # A write made for the step found its claim gone: another worker has it.
             return self._failed(step, started, exc.message, retryable=True, at_least=STORE_ATTEMPTS)

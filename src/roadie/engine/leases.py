@@ -10,7 +10,7 @@ own borrowed value.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -59,7 +59,14 @@ def _resolve(registry: Registry, ref: str) -> tuple[Lease, str | None]:
 
 
 def lease_call(
-    registry: Registry, lease: Lease, target: str | None, clock: Clock, *, key: str | None, run_id: int | None
+    registry: Registry,
+    lease: Lease,
+    target: str | None,
+    clock: Clock,
+    *,
+    key: str | None,
+    run_id: int | None,
+    fence: int = 0,
 ) -> LeaseCall:
     return LeaseCall(
         lease=lease.id,
@@ -68,6 +75,7 @@ def lease_call(
         clock=clock,
         idempotency_key=key,
         run_id=run_id,
+        fence=fence,
     )
 
 
@@ -77,12 +85,15 @@ def restore_key(row: ResourceRow) -> str:
     return f"restore-{row.run_id}-{row.id}"
 
 
-async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, reserved_id: int) -> Outcome:
-    """Carry out a `core.lease` step whose row `reserved_id` is already reserved."""
+async def borrow(
+    store: Store, registry: Registry, clock: Clock, step: StepRow, reserved_id: int, *, fence: int
+) -> Outcome:
+    """Carry out a `core.lease` step whose row `reserved_id` is already reserved, under the
+    step claim's `fence` (a layer is written under its stack's own)."""
     assert step.lease_ref is not None
     lease, target = _resolve(registry, step.lease_ref)
     row = await store.get_resource(reserved_id)
-    call = lease_call(registry, lease, target, clock, key=step.idempotency_key, run_id=step.run_id)
+    call = lease_call(registry, lease, target, clock, key=step.idempotency_key, run_id=step.run_id, fence=fence)
     if step.layered:
         return await _push(store, lease, call, step, row, clock)
     if isinstance(row.payload, dict) and "saved" in row.payload:
@@ -105,13 +116,16 @@ async def borrow(store: Store, registry: Registry, clock: Clock, step: StepRow, 
     )
 
 
-async def restore(store: Store, registry: Registry, clock: Clock, row: ResourceRow, deadline: float) -> Changed | None:
+async def restore(
+    store: Store, registry: Registry, clock: Clock, row: ResourceRow, deadline: float, *, fence: int
+) -> Changed | None:
     """Give a borrowed value back from the row's saved value, only over a value the run's
     borrows wrote (DESIGN §12): what the world shows is read first, and a value someone
     set since (a person, by hand) is left alone. Answers None when the saved value was
     written or is shown already, else what was found and left alone. A layer of a lease
     that stacks is popped instead, its stack held for a few times `deadline`, the time the
-    caller gives each call.
+    caller gives each call. The value is written under `fence`, the row claim's (a layer
+    under its stack's).
 
     A row without a saved value was reserved but never written over: there is nothing
     to give back, and marking it reverted is right.
@@ -123,7 +137,7 @@ async def restore(store: Store, registry: Registry, clock: Clock, row: ResourceR
     lease, target = _resolve(registry, row.ref)
     give_back = lease.restore_fn or lease.write_fn
     assert give_back is not None
-    call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
+    call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id, fence=fence)
     saved = row.payload["saved"]
     shown = await maybe_await(lease.read_fn(call))
     if shown == saved:
@@ -156,7 +170,8 @@ async def sweep_expired(
     for row in await store.expired_leases(clock.now()):
         token = mint_token(incarnation)
         claimed_at = clock.now()
-        if not await store.claim_expired_lease(row.id, token, claimed_at, claim_ttl):
+        fence = await store.claim_expired_lease(row.id, token, claimed_at, claim_ttl)
+        if fence is None:
             continue  # another worker is restoring it, or the run's cleanup will
         # The claim runs from when it was asked for, which a slow database may have made
         # a while ago: the restore must end well before the claim does, or not begin.
@@ -166,7 +181,7 @@ async def sweep_expired(
             if budget <= 0:
                 raise TimeoutError
             async with clock.timeout(budget):
-                await restore(store, registry, clock, row, budget)
+                await restore(store, registry, clock, row, budget, fence=fence)
         except Exception as exc:  # the sweeper must not stop on one bad lease
             error = f"no answer within {max(budget, 0):g}s" if isinstance(exc, TimeoutError) else str(exc)
             log.warning("lease restore failed", run_id=row.run_id, ref=row.ref, error=error)
@@ -259,7 +274,7 @@ async def _push(store: Store, lease: Lease, call: LeaseCall, step: StepRow, row:
             stack, clock.now(), layer=row.id, payload=mine.payload, writing=top if writes else None, base=base
         )
         if writes and top is not None:
-            await maybe_await(lease.write_fn(call, top[0]))
+            await maybe_await(lease.write_fn(replace(call, fence=stack.fence), top[0]))
         await store.settle_stack(stack, clock.now(), shown=top if writes else None)
     except asyncio.CancelledError:
         raise  # a call cut short may land yet: the claim runs out, it is not let go
@@ -303,7 +318,7 @@ async def _pop(store: Store, registry: Registry, clock: Clock, row: ResourceRow,
             await store.change_stack(stack, clock.now(), layer=row.id, payload=payload, writing=None)
             await store.settle_stack(stack, clock.now(), shown=None)
             return None
-        call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id)
+        call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id, fence=stack.fence)
         shown = await maybe_await(lease.read_fn(call))
         changed = None
         writes = False

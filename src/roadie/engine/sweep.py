@@ -139,6 +139,7 @@ class Sweeper:
                 resources=[Resource(o.kind, o.ref, o.payload) for o in orphans],
                 state=self.registry.state(module.name),
                 clock=self.clock,
+                fence=await self.store.new_fence(),
             )
             async with self.clock.timeout(self.call_timeout):
                 failures = list(await maybe_await(action.revert_fn(call)) or [])

@@ -1,5 +1,6 @@
 """Modules, their actions and leases, and the registry that finds them."""
 
+from roadie.registry.fences import FenceMarks
 from roadie.registry.module import (
     Action,
     Answer,
@@ -24,6 +25,7 @@ __all__ = [
     "Action",
     "Answer",
     "Call",
+    "FenceMarks",
     "InspectCall",
     "Inspected",
     "Lease",

@@ -384,6 +384,12 @@ class RemoteModule:
             )
             return _lease_value(lease_id, answer)
 
+        async def apply(call: LeaseCall, value: Any) -> None:
+            await self._side_call("lease.apply", body(call, value), call.idempotency_key or protocol.NO_KEY)
+
+        async def restore(call: LeaseCall, value: Any) -> None:
+            await self._side_call("lease.restore", body(call, value), call.idempotency_key or protocol.NO_KEY)
+
         if spec.value is not None:
             check_value_schema(lease_id, spec.value)
         lease = module.lease(

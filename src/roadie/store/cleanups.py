@@ -29,6 +29,7 @@ from roadie.states import (
 )
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, chunks
+from roadie.store.fences import mint_fence
 from roadie.store.ledger import live_holders
 from roadie.store.notify import notify_cleanup
 from roadie.store.records import CleanupClaim
@@ -145,8 +146,9 @@ class CleanupQueries(Connector):
 
     async def claim_cleanup(
         self, claim: CleanupClaim, worker: str, now: datetime, *, again: bool, scoped: bool = False
-    ) -> bool:
-        """Take a run's cleanup under `claim.token`, so one owner does it. `again` is a
+    ) -> int | None:
+        """Take a run's cleanup under `claim.token`, so one owner does it, and answer the
+        fence its reverts are to carry; None when it is not taken. `again` is a
         human's retry: it may move `complete`/`incomplete` back to `pending` (the only path
         that does), and counts the attempts from 1 again, so that the workers give a run it
         finds rolled back its AUTO_CLEANUP_ROUNDS again. A `scoped` cleanup (one member) leaves the status alone.
@@ -157,7 +159,7 @@ class CleanupQueries(Connector):
         not one.
         """
 
-        async def work(conn: AsyncConnection) -> bool:
+        async def work(conn: AsyncConnection) -> int | None:
             values: dict[str, Any] = {
                 "cleanup_claimed_by": worker,
                 "cleanup_token": claim.token,
@@ -177,9 +179,9 @@ class CleanupQueries(Connector):
             else:
                 condition.append(runs.c.cleanup_status.in_(sorted(CLEANUP_DUE)))
             changed = await conn.execute(update(runs).where(*condition).values(**values))
-            return bool(changed.rowcount)
+            return await mint_fence(conn) if changed.rowcount else None
 
-        result: bool = await self._write("claim_cleanup", work)
+        result: int | None = await self._write("claim_cleanup", work)
         return result
 
     async def extend_cleanup_claim(self, claim: CleanupClaim, now: datetime) -> None:

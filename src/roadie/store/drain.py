@@ -34,6 +34,7 @@ from roadie.states import (
 from roadie.store import dialects
 from roadie.store.connector import Connector, aware, chunks
 from roadie.store.executemany import execute_many
+from roadie.store.fences import mint_fence
 from roadie.store.ledger import MarkedRuns, live_holders, mark_dirty, record_resources
 from roadie.store.records import Claimed, Outcome
 from roadie.store.rows import StepRow, from_rows
@@ -110,6 +111,11 @@ class DrainQueries(Connector):
         claimed = sorted((Claimed(step) for step in from_rows(StepRow, rows)), key=lambda c: c.step.id)
         if claimed:
             await self._reserve(conn, claimed, now)
+            # Minted last, with every claimed row and reserved target locked: whoever held
+            # one of them before minted its own fence earlier.
+            fence = await mint_fence(conn)
+            for c in claimed:
+                c.fence = fence
         return claimed
 
     async def _reserve(self, conn: AsyncConnection, claimed: list[Claimed], now: datetime) -> None:

@@ -20,6 +20,7 @@ from roadie.states import (
 )
 from roadie.store.cleanups import fence_cleanup, reverted
 from roadie.store.connector import Connector
+from roadie.store.fences import mint_fence
 from roadie.store.records import CleanupClaim
 from roadie.store.rows import ResourceRow, from_rows
 from roadie.store.tables import (
@@ -103,8 +104,9 @@ class LeaseQueries(Connector):
         result: list[ResourceRow] = await self._read(work)
         return result
 
-    async def claim_expired_lease(self, resource_id: int, token: str, now: datetime, ttl: float) -> bool:
-        """Take the restore of one expired lease under `token`, so one worker restores it.
+    async def claim_expired_lease(self, resource_id: int, token: str, now: datetime, ttl: float) -> int | None:
+        """Take the restore of one expired lease under `token`, so one worker restores it;
+        answer the claim's fence, or None when it was not taken.
 
         A guarded update: the row must still be live and past its `until`, held by no
         other restorer (or by one whose claim expired `ttl` after it took it), and its
@@ -123,7 +125,7 @@ class LeaseQueries(Connector):
             .exists()
         )
 
-        async def work(conn: AsyncConnection) -> bool:
+        async def work(conn: AsyncConnection) -> int | None:
             changed = await conn.execute(
                 update(run_resources)
                 .where(
@@ -135,16 +137,18 @@ class LeaseQueries(Connector):
                 )
                 .values(claim_token=token, claim_expires=now + timedelta(seconds=ttl), updated_at=now)
             )
-            return bool(changed.rowcount)
+            return await mint_fence(conn) if changed.rowcount else None
 
-        result: bool = await self._write("claim_expired_lease", work)
+        result: int | None = await self._write("claim_expired_lease", work)
         return result
 
-    async def claim_lease_row(self, claim: CleanupClaim, resource_id: int, now: datetime) -> bool:
+    async def claim_lease_row(self, claim: CleanupClaim, resource_id: int, now: datetime) -> int | None:
         """Take a lease row for its run's cleanup to give back. Claim: the run's cleanup.
-        Answers False when another restorer (the expiry sweeper) holds the row."""
+        Answers the fence its restore is to carry, minted afresh (the expiry sweeper may
+        have held the row meanwhile), or None when another restorer (the expiry sweeper)
+        holds the row."""
 
-        async def work(conn: AsyncConnection) -> bool:
+        async def work(conn: AsyncConnection) -> int | None:
             await fence_cleanup(conn, claim, now)
             changed = await conn.execute(
                 update(run_resources)
@@ -156,9 +160,9 @@ class LeaseQueries(Connector):
                 )
                 .values(claim_token=claim.token, claim_expires=now + timedelta(seconds=claim.ttl))
             )
-            return bool(changed.rowcount)
+            return await mint_fence(conn) if changed.rowcount else None
 
-        result: bool = await self._write("claim_lease_row", work)
+        result: int | None = await self._write("claim_lease_row", work)
         return result
 
     async def mark_lease_restored(self, resource_id: int, token: str, now: datetime) -> None:

@@ -49,6 +49,7 @@ class Claimed:
     step: StepRow
     reserved_id: int | None = None
     refused: str | None = None  # set when the reservation was refused: the step was failed
+    fence: int = 0  # minted with the claim: every call made for the step carries it
 
 
 @dataclass
@@ -114,6 +115,7 @@ class CleanupClaim:
     run_id: int
     token: str
     ttl: float
+    fence: int = 0  # minted when the claim was taken: the cleanup's reverts carry it
 
 
 @dataclass(frozen=True)

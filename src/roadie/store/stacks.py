@@ -19,6 +19,7 @@ from roadie.errors import ClaimLost
 from roadie.states import LAYER_KIND, OVERRIDE_KIND
 from roadie.store import dialects
 from roadie.store.connector import Connector
+from roadie.store.fences import mint_fence
 from roadie.store.tables import LIVE_STATES, lease_stacks, run_resources, steps
 
 
@@ -53,6 +54,7 @@ class Stack:
     writing: tuple[Any] | None
     layers: list[Layer]  # the target's live layers, popped or not, oldest first
     exclusive: int | None  # a run holding the target as an exclusive lease (a module changed its mind)
+    fence: int = 0  # minted with the claim: the writes made under it carry it
 
     def layer(self, resource_id: int) -> Layer | None:
         return next((x for x in self.layers if x.resource_id == resource_id), None)
@@ -143,6 +145,7 @@ class StackQueries(Connector):
                     if isinstance(r.payload, dict)
                 ],
                 exclusive=exclusive,
+                fence=await mint_fence(conn),
             )
 
         result: Stack | None = await self._write("claim_stack", work)

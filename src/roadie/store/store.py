@@ -14,6 +14,7 @@ from roadie.store.cleanups import CleanupQueries
 from roadie.store.connector import Connector, WritePoint
 from roadie.store.drain import DrainQueries
 from roadie.store.events import EventQueries
+from roadie.store.fences import FenceQueries
 from roadie.store.leases import LeaseQueries
 from roadie.store.ledger import LedgerQueries
 from roadie.store.notify import NotifyQueries
@@ -41,6 +42,7 @@ class Store(
     AuditQueries,
     AuthQueries,
     NotifyQueries,
+    FenceQueries,
     Connector,
 ):
     """The whole store: open it with `await Store.open(url)`."""

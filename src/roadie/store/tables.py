@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Sequence,
     String,
     Table,
     Text,
@@ -426,4 +428,17 @@ deliveries = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     UniqueConstraint("notification_id", "target"),
     Index(None, "state", "next_at"),
+)
+
+# Fences (docs/protocol.md §4, rule 7): a number minted in the transaction that takes a
+# claim to change the world, higher than every one minted before it, sent with each call
+# made under the claim so that a module can refuse a call from an owner since replaced.
+# PostgreSQL and MariaDB mint from the sequence, outside any lock; SQLite, which has no
+# sequences and one writer at a time, counts in the table's one row (id 1).
+fence_sequence = Sequence("roadie_fence", metadata=metadata)
+fence_counter = Table(
+    "fence_counter",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("value", BigInteger, nullable=False),
 )

@@ -1,0 +1,116 @@
+"""Fences reach the world (issue 37, item 1; docs/protocol.md §4, rule 7).
+
+The database refuses every write of an owner whose claim has lapsed, but the world is not
+the database: a call already on its way still lands. Each call that changes the world
+carries a fence minted with its claim, and a module that remembers the highest it has
+accepted per step key or lease target refuses the rest. The `probe` module of these tests
+refuses as a module must; each test is a lapse the database alone cannot stop, because the
+lapsed worker's own clock never saw its claim run out (a paused process, a clock behind).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.conftest import Harness
+from tests.integration.test_ledger_rules import one_step
+from tests.integration.test_ownership import LEASE, Gate
+
+from roadie.clock import FakeClock
+from roadie.engine import Engine, EngineOptions
+from roadie.store import Store
+
+
+async def _lapsing_engine(h: Harness, worker_id: str) -> Engine:
+    """Another worker on the same database whose clock stands still: it never sees its
+    claim run out, so nothing but the fence can stop what it has in flight."""
+    store = await Store.open(h.database_url)
+    frozen = FakeClock(h.clock.now())
+    return Engine(store, h.registry, clock=frozen, worker_id=worker_id, options=EngineOptions(seed=3))
+
+
+def test_fences_grow_with_every_claim_of_a_step_and_its_cleanup(harness: Harness) -> None:
+    """A step retried after a failed attempt is claimed again, under a higher fence; its
+    cleanup's revert carries a higher one still."""
+
+    async def body() -> None:
+        run = await harness.start(one_step({"fail_first": 1, "answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual"))
+        [run] = await harness.settle(run)
+        fences = [c.fence for c in harness.probe.calls]
+        assert len(fences) == 2 and 0 < fences[0] < fences[1]
+        report = await harness.engine.clean_up(run.id)
+        assert report.status == "complete"
+        [revert] = harness.probe.reverts
+        assert revert.fence > fences[1]
+
+    harness.run(body)
+
+
+def test_a_lapsed_workers_borrow_is_refused_by_the_world(harness: Harness) -> None:
+    """The issue's first reproduction, with a worker whose clock never shows its claim
+    running out. E1 reads and saves the dial's 1.5, then stalls before its write of 5. E2
+    takes the step over and writes 5, run A's cleanup gives 1.5 back, run B borrows 7.
+    E1's write then lands, under the fence of its old claim: the module refuses it, and
+    the world keeps B's 7 (without fences it ended at 5, and B's cleanup called itself
+    verified clean)."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
+        gate = Gate()
+        harness.probe.before_dial_write = gate
+        e1 = await _lapsing_engine(harness, "e1")
+        try:
+            stalled = asyncio.create_task(e1.tick())
+            await gate.reached.wait()
+            harness.clock.advance(e1.options.claim_ttl + 1)
+            [a] = await harness.settle(a)  # E2 takes the step over
+            assert (a.status, harness.probe.dial) == ("succeeded", 5)
+            assert (await harness.engine.clean_up(a.id)).status == "complete"
+            assert harness.probe.dial == 1.5
+            b = await harness.start(LEASE.format(value=7, hold="").replace("id: borrow", "id: borrow-b"))
+            [b] = await harness.settle(b)
+            assert (b.status, harness.probe.dial) == ("succeeded", 7)
+            gate.open()
+            await harness.drive(stalled)
+        finally:
+            gate.open()
+            await e1.store.close()
+        assert harness.probe.dial == 7
+        assert [value for value, _ in harness.probe.written] == [5, 1.5, 7]
+        fences = [fence for _, fence in harness.probe.written]
+        assert fences == sorted(fences) and len(set(fences)) == 3
+        # B's cleanup still has B's value to give back, and gives back A's original.
+        assert (await harness.engine.clean_up(b.id)).status == "complete"
+        assert harness.probe.dial == 1.5
+
+    harness.run(body)
+
+
+def test_a_lapsed_workers_dispatch_after_the_cleanup_makes_nothing(harness: Harness) -> None:
+    """The same lapse with a ledger action: E1 stalls inside its dispatch, E2 does the step,
+    the run ends and is cleaned up. E1's dispatch, let go, is refused by the module (the
+    cleanup's revert raised the key's mark): nothing is made after the cleanup ended."""
+
+    async def body() -> None:
+        run = await harness.start(one_step({"answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual"))
+        gate = Gate()
+        harness.probe.observe = gate
+        e1 = await _lapsing_engine(harness, "e1")
+        try:
+            stalled = asyncio.create_task(e1.tick())
+            await gate.reached.wait()
+            harness.clock.advance(e1.options.claim_ttl + 1)
+            [run] = await harness.settle(run)
+            assert run.status == "succeeded"
+            assert (await harness.engine.clean_up(run.id)).status == "complete"
+            gate.open()
+            await harness.drive(stalled)
+        finally:
+            gate.open()
+            await e1.store.close()
+        outcomes = [c.outcome for c in harness.probe.calls]
+        assert outcomes == ["raised", "answered"]  # E1's, refused; E2's
+        assert [c.fence for c in harness.probe.calls] == sorted(c.fence for c in harness.probe.calls)
+
+    harness.run(body)
