@@ -61,6 +61,7 @@ class EngineTable(BaseModel):
     cleanup_cap: int | None = Field(None, ge=0)
     cleanup_caps: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
     sweep_interval: float | None = Field(600.0, ge=0)
+    keep_interval: float | None = Field(30.0, ge=0)
 
 
 class ModuleTable(BaseModel):

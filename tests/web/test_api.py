@@ -700,3 +700,25 @@ def test_a_body_that_is_not_json_is_400_and_one_that_says_the_wrong_thing_422(si
     assert site.post("/api/v1/tokens", content=b"{", headers=json_).status_code == 400
     wrong = site.post("/api/v1/runs", "operator", json={"event": "", "params": {}})
     assert (wrong.status_code, wrong.json()["field"]) == (422, "body.event")
+
+
+def test_the_run_page_tells_what_happened_to_its_setup_in_the_world(site: Site) -> None:
+    """What a worker's look at a running run's setup found (issue 37, item 4) is on the
+    run's page, in staff's words: a borrow put back, a value left alone, things lost."""
+    site.upload(QUICK)
+    run = _start(site)
+    site.wait_settled(run["id"])
+    now = site.state.engine.clock.now()
+    notes = [
+        ("reapplied", {"ref": "sandbox.xp_rate", "value": 2.0, "found": 1.0}),
+        ("left_alone", {"ref": "sandbox.motd", "value": "Raid!", "found": "MAINT"}),
+        ("lost", {"step": "raiders", "module": "sandbox", "lost": {"creature": 2}, "refs": ["0x1", "0x2"]}),
+    ]
+    for what, detail in notes:
+        site.store_call(lambda store, w=what, d=detail: store.tell_world(run["id"], w, d, now))
+    page = site.get(f"/runs/{run['id']}").text
+    assert "Put back: <code>sandbox.xp_rate</code> showed <code>1.0</code> again" in page
+    assert "Left alone: <code>sandbox.motd</code> shows <code>MAINT</code>" in page
+    assert "<strong>Lost</strong> with a restart of sandbox: 2 creature made by step “raiders”" in page
+    audit = site.get(f"/api/v1/audit?run={run['id']}", "admin")
+    assert audit.status_code == 200

@@ -43,6 +43,10 @@ class EngineOptions:
     # Seconds between a worker's orphan sweeps (what modules hold tagged for runs that
     # ended, and no ledger row names); None or 0: only `roadie sweep` sweeps.
     sweep_interval: float | None = 600.0
+    # Seconds between a worker's looks at what running runs' borrows show, putting back a
+    # borrow the world forgot (a server restarted) and telling what it lost; a module that
+    # announces itself again is looked at by the next tick. None or 0: never.
+    keep_interval: float | None = 30.0
     # Render a new run's templates in a thread, so the loop (a web server's, a worker's)
     # goes on meanwhile. The simulation turns it off: it must see every moment a task
     # yields, and a thread ends when it will.

@@ -29,6 +29,7 @@ from roadie.engine import leases, runs, schedules
 from roadie.engine.base import EngineOptions, Observer, earliest
 from roadie.engine.cleanup import Cleanup, CleanupReport
 from roadie.engine.drain import Drain
+from roadie.engine.keep import ANNOUNCE_LOOK, Keeper
 from roadie.engine.notify import Notifier, Webhook
 from roadie.engine.sweep import Sweeper
 from roadie.errors import (
@@ -95,6 +96,12 @@ class Engine(Drain):
         self._sweeping: asyncio.Task[None] | None = None  # the periodic orphan sweep, beside the drain
         self._next_sweep: datetime | None = None
         self._sweep_jitter = random.Random(self.options.seed)  # its own: the engine's stream stays as it was
+        self.keeper = Keeper(
+            store, registry, self.clock, claim_ttl=self.options.claim_ttl, incarnation=self.incarnation
+        )
+        self._keeping: asyncio.Task[None] | None = None  # the look at running runs' setups, beside the drain
+        self._next_keep: datetime | None = None
+        self._next_announce_look = self.clock.now()
 
     # -- runs -----------------------------------------------------------------------
 
@@ -189,6 +196,7 @@ class Engine(Drain):
         if self.notifier is not None and (self._sending is None or self._sending.done()):
             self._sending = asyncio.create_task(self._send_notifications(self.notifier))
         self._start_sweep()
+        await self._start_keep()
         return await self._next_due()
 
     async def catch_up(self) -> None:
@@ -233,6 +241,37 @@ class Engine(Drain):
             return
         self._next_sweep = now + timedelta(seconds=interval * self._sweep_jitter.uniform(0.9, 1.1))
         self._sweeping = asyncio.create_task(self._sweep())
+
+    async def _start_keep(self) -> None:
+        """Look at running runs' setups, as a task beside the drain, every `keep_interval`,
+        or at once when a pulling module has announced itself since the last look."""
+        interval = self.options.keep_interval
+        if not interval or (self._keeping is not None and not self._keeping.done()):
+            return
+        now = self.clock.now()
+        due = self._next_keep is None or now >= self._next_keep
+        if not due and self.keeper.seen_until is not None and now >= self._next_announce_look:
+            # A restarted module is looked at within seconds, not at the next full look;
+            # asking costs a read, so not at every tick.
+            self._next_announce_look = now + timedelta(seconds=min(interval, ANNOUNCE_LOOK))
+            due = bool(await self.store.announced_since(self.keeper.seen_until))
+        if not due:
+            return
+        self._next_keep = now + timedelta(seconds=interval)
+        self._keeping = asyncio.create_task(self._keep())
+
+    async def _keep(self) -> None:
+        try:
+            await self.keeper.keep()
+        except StoreError as exc:
+            log.warning("keeping running runs' setups failed", error=exc.message)
+        except Exception:
+            log.exception("keeping running runs' setups crashed")
+
+    async def keeping_done(self) -> None:
+        """Wait for the look at running runs' setups under way, if any, to end."""
+        if self._keeping is not None:
+            await asyncio.wait([self._keeping])
 
     async def sweeps_done(self) -> None:
         """Wait for the periodic sweep under way, if any, to end."""

@@ -15,6 +15,7 @@ from roadie.store.connector import Connector, WritePoint
 from roadie.store.drain import DrainQueries
 from roadie.store.events import EventQueries
 from roadie.store.fences import FenceQueries
+from roadie.store.keep import KeepQueries
 from roadie.store.leases import LeaseQueries
 from roadie.store.ledger import LedgerQueries
 from roadie.store.notify import NotifyQueries
@@ -43,6 +44,7 @@ class Store(
     AuthQueries,
     NotifyQueries,
     FenceQueries,
+    KeepQueries,
     Connector,
 ):
     """The whole store: open it with `await Store.open(url)`."""

@@ -565,6 +565,7 @@ async def _run_drawing(request: Request, who: Principal, run_id: int, f: paging.
     if kept is not None and kept[0] == rows:
         return kept[1]
     context = await _run_context(request, run_id)
+    context["world_notes"] = await state.store.list_audit(f"run:{run_id}", 20, action="world")
     live = _draw_live(request, who, context, f)
     html = _render_text(request, "run.html", who, live=live, f=f, **context) if whole else str(live)
     run = context["run"]

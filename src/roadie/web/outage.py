@@ -30,6 +30,9 @@ log = structlog.get_logger(__name__)
 
 LOOK_EVERY = 1.0
 PING_TIMEOUT = 2.0
+# A ping that is only slow is a busy host or a busy database, not an outage: that takes
+# this many slow looks in a row. One that fails (refused, reset, the file gone) is at once.
+SLOW_LOOKS = 3
 
 
 class Database(StrEnum):
@@ -61,6 +64,7 @@ class DatabaseWatch:
         self.store = store
         self.every = every
         self._outage: Outage | None = None
+        self._slow = 0  # slow looks in a row
         self.changed = asyncio.Event()  # set on every change, for the live streams to end
 
     def down(self) -> Outage | None:
@@ -85,10 +89,16 @@ class DatabaseWatch:
             return  # a lost file stays lost
         try:
             await asyncio.wait_for(self.store.ping(), PING_TIMEOUT)
+        except TimeoutError as exc:
+            self._slow += 1
+            if self._slow >= SLOW_LOOKS and self._outage is None:
+                self._set(Outage(Database.UNREACHABLE, _reason(exc), time.time()))
+            return
         except Exception as exc:  # whatever the driver raises, it is the same news
             if self._outage is None:
                 self._set(Outage(Database.UNREACHABLE, _reason(exc), time.time()))
             return
+        self._slow = 0
         if self._outage is not None:
             self._set(None)
 

@@ -1,0 +1,124 @@
+"""A run keeps its setup while it runs (issue 37, item 4).
+
+A server that restarts mid-event shows its settings as its configuration has them again,
+and has lost what the event made. The runs here borrow a setting, then wait an hour for
+their second phase; meanwhile the world "restarts" (the test sets the setting back, or
+removes what was made), and the worker's next look puts the borrow back, leaves a value
+set by hand alone, and tells staff what was lost, in the run's audit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.conftest import Harness
+
+from roadie.store.queue import QueueStore
+
+HOLDING = """
+id: holding
+cleanup: manual
+phases:
+  - name: setup
+    steps:
+      - action: core.lease
+        name: borrow
+        with: {lease: probe.dial, value: 5}
+  - name: later
+    after: 1h
+    steps:
+      - action: core.log
+        name: note
+        with: {message: "still here"}
+"""
+
+SPAWNING = """
+id: spawning
+cleanup: manual
+phases:
+  - name: setup
+    steps:
+      - action: sandbox.spawn
+        name: orcs
+        with: {kind: orc, region: britain, count: 3}
+  - name: later
+    after: 1h
+    steps:
+      - action: core.log
+        name: note
+        with: {message: "still here"}
+"""
+
+
+async def _look(h: Harness, seconds: float) -> None:
+    """Let `seconds` pass, then let the worker tick and finish its look at the setups."""
+    h.clock.advance(seconds)
+    await h.engine.tick()
+    await h.engine.keeping_done()
+
+
+async def _world_audit(h: Harness, run_id: int) -> list[tuple[str, Any]]:
+    rows = await h.store.list_audit(f"run:{run_id}", 100, action="world")
+    return [(r.action, r.detail) for r in rows]
+
+
+def test_a_borrow_the_world_forgot_is_put_back_and_told(harness: Harness) -> None:
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        run = await harness.start(HOLDING)
+        await _look(harness, 0)
+        assert harness.probe.dial == 5
+        harness.probe.dial = 1.5  # the server restarted: its configuration's value again
+        await _look(harness, harness.engine.options.keep_interval or 0)
+        assert harness.probe.dial == 5
+        assert await _world_audit(harness, run.id) == [
+            ("world.reapplied", {"ref": "probe.dial", "value": 5, "found": 1.5})
+        ]
+        await _look(harness, harness.engine.options.keep_interval or 0)  # nothing more to do
+        assert len(await _world_audit(harness, run.id)) == 1
+        # Put back under a fence of its own, higher than the borrow's.
+        assert [f for _, f in harness.probe.written] == sorted(f for _, f in harness.probe.written)
+
+    harness.run(body)
+
+
+def test_a_value_set_by_hand_during_the_run_is_left_alone_and_told_once(harness: Harness) -> None:
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        run = await harness.start(HOLDING)
+        await _look(harness, 0)
+        harness.probe.dial = 9  # a person set it
+        for _ in range(3):
+            await _look(harness, harness.engine.options.keep_interval or 0)
+        assert harness.probe.dial == 9
+        assert await _world_audit(harness, run.id) == [
+            ("world.left_alone", {"ref": "probe.dial", "value": 5, "found": 9})
+        ]
+        # The cleanup still leaves it alone, as it would have.
+        await harness.engine.cancel_run(run.id)
+        [run] = await harness.settle(run)
+        assert harness.probe.dial == 9
+
+    harness.run(body)
+
+
+def test_what_a_restarted_module_lost_is_told(harness: Harness) -> None:
+    async def body() -> None:
+        run = await harness.start(SPAWNING)
+        await _look(harness, 0)
+        made = [r.ref for r in await harness.store.list_resources(run.id, live_only=True) if r.kind == "creature"]
+        assert len(made) == 3
+        for serial in made[:2]:
+            assert harness.world.destroy(serial)  # gone with the restart
+        # The module's process started again, a moment later, and said so.
+        harness.clock.advance(1)
+        await QueueStore(harness.store).announce("sandbox", {"module": "sandbox"}, harness.clock.now())
+        await _look(harness, 5)
+        [(action, detail)] = await _world_audit(harness, run.id)
+        assert action == "world.lost"
+        assert detail["lost"] == {"creature": 2} and sorted(detail["refs"]) == sorted(made[:2])
+        await _look(harness, 5)  # told once per announce
+        assert len(await _world_audit(harness, run.id)) == 1
+
+    harness.run(body)
