@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from roadie.cli.main import app
 from roadie.clock import SystemClock
-from roadie.engine.notify import BACKOFF, Notifier, Webhook, parse_webhooks
+from roadie.engine.notify import BACKOFF, Notifier, Webhook, describe, parse_webhooks
 from roadie.errors import ConfigError
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -299,3 +299,12 @@ def test_the_cli_sends_a_test_message_and_lists_deliveries(
     assert (failing.exit_code, "HTTP 500" in failing.output) == (1, True)
     listed = runner.invoke(app, ["webhooks", "list"])
     assert (listed.exit_code, listed.output.strip()) == (0, "nothing sent yet")
+
+
+def test_a_chat_line_says_what_happened_to_a_running_runs_setup() -> None:
+    """`run.world` (issue 37, item 4) in the words a chat channel reads."""
+    run = {"run": 7, "title": "Orc raid"}
+    put_back = describe("run.world", {**run, "world": "reapplied", "ref": "sandbox.xp_rate", "value": 2, "found": 1})
+    assert put_back == "↻ Run 7 · Orc raid: sandbox.xp_rate showed 1 again (a restart?); set back to 2."
+    lost = describe("run.world", {**run, "world": "lost", "step": "orcs", "module": "luanti", "lost": {"mob": 3}})
+    assert "lost 3 mob made by step 'orcs' (a restart of luanti); it cannot be put back" in lost

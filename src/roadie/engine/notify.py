@@ -48,6 +48,7 @@ Kind = Literal[
     "cleanup.incomplete",
     "cleanup.rolled_back",
     "cleanup.held",
+    "run.world",
 ]
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)
 
@@ -235,6 +236,7 @@ def describe(kind: str, data: dict[str, Any], dashboard_url: str | None = None) 
             f"↺ {run}: the world was found partially rolled back; what came back was reverted again, "
             "and the next cleanup round checks it."
         ),
+        "run.world": _world_line(run, data),
         "cleanup.incomplete": (
             f"⚠ {run}: cleanup is incomplete, {report.get('failed', 0)} left in the world. "
             f"`roadie cleanup {data.get('run')} --again` tries again."
@@ -244,6 +246,19 @@ def describe(kind: str, data: dict[str, Any], dashboard_url: str | None = None) 
     if dashboard_url:
         line += f" {dashboard_url.rstrip('/')}/runs/{data.get('run')}"
     return line
+
+
+def _world_line(run: str, data: dict[str, Any]) -> str:
+    """What happened to a running run's setup in the world, as a chat line."""
+    what = data.get("world")
+    if what == "reapplied":
+        found, value = data.get("found"), data.get("value")
+        return f"↻ {run}: {data.get('ref')} showed {found!r} again (a restart?); set back to {value!r}."
+    if what == "left_alone":
+        return f"✋ {run}: {data.get('ref')} was set to {data.get('found')!r} by someone else; left alone."
+    lost = ", ".join(f"{n} {kind}" for kind, n in (data.get("lost") or {}).items())
+    step, module = data.get("step"), data.get("module")
+    return f"⚠ {run}: the world lost {lost} made by step {step!r} (a restart of {module}); it cannot be put back."
 
 
 def _slack_escape(text: str) -> str:
