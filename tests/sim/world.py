@@ -20,7 +20,9 @@ A summoned (`late`) object is reported afterwards through `record_late_resources
 the gateway takes a game server's report.
 
 Like a module server's key ledger (DESIGN §6), a dispatch with a key the world has seen
-answers what it answered then and does not touch the world again.
+answers what it answered then and does not touch the world again. Like every module
+Roadie ships (docs/protocol.md §4, rule 7), it refuses a call whose fence is older than
+one it accepted for the same key or setting, and counts the refusals.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from roadie.errors import AnswerLost
-from roadie.registry import Answer, Call, LeaseCall, Module, ModuleConfig, RevertCall
+from roadie.errors import Superseded
+from roadie.registry import Answer, Call, FenceMarks, LeaseCall, Module, ModuleConfig, RevertCall
 from roadie.states import Reversible
 
 Gate = Callable[[str], Awaitable[None]]
@@ -94,6 +97,17 @@ class SimWorld:
     problems: list[tuple[str, str]] = field(default_factory=list)  # (invariant, what) seen by the world itself
     serial: int = 0
     world_writes: int = 0
+    fences: FenceMarks = field(default_factory=FenceMarks)
+    superseded: int = 0  # calls refused for a stale fence: an owner since replaced
+
+    def fenced(self, target: str, fence: int, what: str) -> None:
+        """Take a call under `fence`, or refuse it as a module must (and say so)."""
+        try:
+            self.fences.accept(target, fence)
+        except Superseded:
+            self.superseded += 1
+            self.log.append(f"superseded {what} by {self.actor()} (fence {fence} < {self.fences.mark(target)})")
+            raise
 
     def new_ref(self) -> str:
         self.serial += 1
@@ -185,6 +199,7 @@ def sim_module(world: SimWorld) -> Module:
     async def make(call: Call[MakeParams]) -> Answer:
         key = call.idempotency_key
         await world.gate(f"dispatch {step_of(key)}#{call.attempt}")
+        world.fenced(key, call.fence, f"dispatch {step_of(key)}#{call.attempt}")
         seen = world.attempts.setdefault(key, set())
         if call.attempt in seen:
             world.problems.append(
@@ -215,6 +230,7 @@ def sim_module(world: SimWorld) -> Module:
     async def unmake(call: RevertCall) -> None:
         key = call.idempotency_key
         await world.gate(f"revert {step_of(key)}")
+        world.fenced(key, call.fence, f"revert {step_of(key)}")
         if call.resources:
             for r in call.resources:
                 world.remove(r.ref, key)
@@ -238,12 +254,14 @@ def sim_module(world: SimWorld) -> Module:
         @read.write
         async def write(call: LeaseCall, value: Any) -> None:
             await world.gate(f"borrow {target_of(call)} {step_of(call.idempotency_key)}")
+            world.fenced(target_of(call), call.fence, f"borrow {target_of(call)}")
             world.write_setting(target_of(call), value, Writer("borrow", call.run_id))
 
         @read.restore
         async def restore(call: LeaseCall, value: Any) -> None:
             await world.gate(f"restore {target_of(call)} {call.idempotency_key}")
             key = str(call.idempotency_key)
+            world.fenced(target_of(call), call.fence, f"restore {target_of(call)} {key}")
             if key in world.restored:
                 world.problems.append(("b?lease", f"{key} {world.actor()}"))
             world.restored.setdefault(key, world.actor())
