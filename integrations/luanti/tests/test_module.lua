@@ -303,6 +303,12 @@ do
     check(spawn("k", 9) == 200 and world.spawned == spawned, "an equal fence still gets the stored answer: " .. round)
   end
   check(select(2, store.text:gsub("\n", "")) == 1, "compacted to one line")
+
+  -- A journal written before roadie/v2 (no marks) opens, and its keys take their first fence.
+  local old = sdk.ledger.open(memory('{"e":"state","v":{"seq":1,"answers":{"k":{"status":200,"body":{}}},'
+    .. '"borrows":{},"restores":{},"applied_at":{},"data":{}}}\n'))
+  check(old:answer("k") ~= nil and old:mark("k") == nil and old:fence("k", 1) and old:mark("k") == 1,
+    "a journal from before fences opens with no marks; the first fence is taken")
 end
 
 -- The poll loop: every request signed under an id of its own, with every secret; a poll's
