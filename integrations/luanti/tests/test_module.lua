@@ -227,7 +227,8 @@ do
   check(status == 200 and world.spawned == 3, "marks are per target: another key's fence is its own")
 
   status = revert("k", 4)
-  check(status == 412 and count(world.made) == 3, "a revert older than the dispatch's fence is refused, nothing reverted")
+  check(status == 412 and count(world.made) == 3,
+    "a revert older than the dispatch's fence is refused, nothing reverted")
   status = revert("k", 9)
   check(status == 200 and count(world.made) == 1 and module.ledger:mark("k") == 9, "a newer revert reverts, mark 9")
   journal = store.text
@@ -246,7 +247,8 @@ do
   journal = store.text
   status, answer = lease(paths.lease_apply, "b1", 7, '"storm"', 5)
   check(status == 412 and answer.error.fence == 8 and answer.error.field == "fence" and world.weather.britain == "clear"
-    and world.writes == writes and store.text == journal, "the stale apply after the newer restore: 412, nothing written")
+    and world.writes == writes and store.text == journal,
+    "the stale apply after the newer restore: 412, nothing written")
   check(lease(paths.lease_read, "b2", 8, "null") == 200, "a read by another run, its fence not looked at")
   status, answer = lease(paths.lease_apply, "b2", 8, '"fog"', 6)
   check(status == 412 and world.weather.britain == "clear" and world.writes == writes,
