@@ -189,7 +189,13 @@ class Roadie:
             except httpx.TransportError:
                 return False
 
-        wait_for("roadie gateway to listen", listening, 30)
+        # Its start (imports, the store's migrations) took 42 s on a machine shared at a load
+        # of 20 on 2 cores; a gateway that never listens is stopped, not left to a later test.
+        try:
+            wait_for("roadie gateway to listen", listening, 120)
+        except AssertionError:
+            self.stop_gateway()
+            raise
 
     def stop_gateway(self) -> None:
         if self.gateway is not None:

@@ -2,8 +2,9 @@
 SHA-256 and HMAC against FIPS 180-4 and RFC 4231; base64 against RFC 4648; Standard Webhooks
 signing against both worked examples of docs/protocol.md, with one secret or several, and
 poll answers refused when unsigned, wrongly signed, stale or signed for another request;
-JSON that keeps [] from {}, null from absent, and large integers; the key ledger; a module
-answering the protocol's calls; and the poll loop against a gateway made of functions."""
+JSON that keeps [] from {}, null from absent, and large integers; the key ledger, its fence
+marks kept across a restart; a module answering the protocol's calls, a stale fence refused
+with 412 and nothing done; and the poll loop against a gateway made of functions."""
 
 from __future__ import annotations
 

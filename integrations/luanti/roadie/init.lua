@@ -63,9 +63,10 @@ else
   end
 end
 
--- The key ledger lives in the world folder, appended to and flushed before each answer
--- leaves: mod storage and the map are saved only every few seconds, and a server killed
--- in between would forget answers it had already given.
+-- The key ledger, fence marks included, lives in the world folder, appended to and flushed
+-- before each answer leaves: mod storage and the map are saved only every few seconds, and
+-- a server killed in between would forget answers it had already given, or take a call of
+-- an owner superseded before the kill.
 local journal_path = worldpath .. "/roadie_ledger.jsonl"
 local journal
 local store = {

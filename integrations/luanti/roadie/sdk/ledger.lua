@@ -1,6 +1,6 @@
 -- The key ledger (docs/protocol.md §4): idempotency key -> answer, the borrows of every
--- lease target, and a little state of the module's own, kept in a journal that each
--- change is appended to (and flushed) before the answer that depends on it is sent.
+-- lease target, the fence marks, and a little state of the module's own, kept in a journal
+-- that each change is appended to (and flushed) before the answer that depends on it is sent.
 --
 -- `store` is where the journal lives: {load() -> text or nil, append(line),
 -- replace(text)}; `replace` must be atomic (a temporary file renamed over the old one).
@@ -12,7 +12,7 @@ return function(sdk)
   Ledger.__index = Ledger
 
   local function fresh()
-    return {seq = 0, answers = {}, borrows = {}, restores = {}, applied_at = {}, data = {}}
+    return {seq = 0, answers = {}, borrows = {}, restores = {}, applied_at = {}, data = {}, marks = {}}
   end
 
   -- One journal entry, folded into the state: the same code replays the journal at open.
@@ -41,6 +41,10 @@ return function(sdk)
         if borrow.run == entry.r and borrow.back == nil then
           borrow.back = entry.by
         end
+      end
+    elseif e == "mark" then
+      if (state.marks[entry.t] or 0) < entry.f then
+        state.marks[entry.t] = entry.f
       end
     elseif e == "restore" then
       state.restores[entry.k] = json.object({t = entry.t, seq = state.seq})
@@ -94,6 +98,28 @@ return function(sdk)
 
   function Ledger:remember(key, status, body)
     self:_write({e = "answer", k = key, s = status, b = body})
+  end
+
+  -- Fences: for each fence target (a step's key; a lease's `lease#target`, or the lease
+  -- alone), the highest fence accepted, its mark. A call with a lower fence comes from an
+  -- owner whose claim has lapsed since a newer owner acted: it must do nothing, not even
+  -- answer from the ledger. Equal is accepted (one claim makes several calls: retries, a
+  -- read then an apply).
+  function Ledger:mark(target)
+    return self.state.marks[target]
+  end
+
+  -- May a call under `fence` act on `target`? true, with the mark raised to `fence` in the
+  -- journal before the call acts (so a restart keeps it); or false and the mark.
+  function Ledger:fence(target, fence)
+    local mark = self.state.marks[target]
+    if mark ~= nil and fence < mark then
+      return false, mark
+    end
+    if mark == nil or fence > mark then
+      self:_write({e = "mark", t = target, f = fence})
+    end
+    return true
   end
 
   -- The module's own small state, kept like the answers.

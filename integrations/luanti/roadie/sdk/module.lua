@@ -1,7 +1,7 @@
 -- A module: its actions, leases, inspect and tagged, answering each protocol call as a
--- push server would (docs/protocol.md §2-4), through the key ledger. Transport-free: the
--- poll loop (or an HTTP server) hands it a path and a decoded body, it gives back a
--- status and a body.
+-- push server would (docs/protocol.md §2-4), through the key ledger, its fences first.
+-- Transport-free: the poll loop (or an HTTP server) hands it a path and a decoded body, it
+-- gives back a status and a body.
 return function(sdk)
   local json, protocol = sdk.json, sdk.protocol
   local M = {}
@@ -109,6 +109,26 @@ return function(sdk)
     return key
   end
 
+  -- The fence of a call that changes the world (dispatch, revert, lease apply and restore).
+  local function fence_of(body)
+    local fence = body.fence
+    if not protocol.valid_fence(fence) then
+      fail(400, "malformed request: fence should be an integer from 1 to 2^53-1 (roadie/v2 fences dispatch, "
+        .. "revert, lease apply and restore)", "fence")
+    end
+    return fence
+  end
+
+  -- Refuse, with SUPERSEDED and nothing done, a call whose fence is older than the mark of
+  -- its target; else raise the mark. Before every other rule of the key ledger: a stale
+  -- owner does not even get a stored answer back.
+  function Module:_fence(target, fence)
+    local accepted, mark = self.ledger:fence(target, fence)
+    if not accepted then
+      error({roadie = true, status = protocol.SUPERSEDED, body = protocol.superseded_body(target, fence, mark)}, 0)
+    end
+  end
+
   local function resources_of(body)
     local list = body.resources
     if list == nil or list == json.null then
@@ -173,10 +193,12 @@ return function(sdk)
 
   function Module:_dispatch(body)
     local key = key_of(body)
+    local fence = fence_of(body)
     local action = self.def.actions[body.action]
     if action == nil then
       fail(404, string.format("module '%s' has no action '%s'", self.def.name, tostring(body.action)), "action")
     end
+    self:_fence(key, fence)
     local stored = self.ledger:answer(key)
     if stored ~= nil then
       return stored.status, stored.body
@@ -214,6 +236,7 @@ return function(sdk)
   function Module:_revert(body)
     local key = key_of(body)
     local resources = resources_of(body)
+    self:_fence(key, fence_of(body))
     if #resources == 0 then
       resources = self:_made_by(key)
     end
@@ -281,6 +304,14 @@ return function(sdk)
     return lease, target, key, run, body.lease .. "#" .. (target or "")
   end
 
+  -- A lease call that writes: its fence checked against the lease target's mark first.
+  function Module:_lease_write(body)
+    local lease, target, key, run, id = self:_lease(body)
+    key = key or key_of(body)
+    self:_fence(protocol.lease_fence_target(body.lease, target), fence_of(body))
+    return lease, target, key, run, id
+  end
+
   function Module:_lease_read(body)
     local lease, target, key, run, id = self:_lease(body)
     local value = lease.read(target)
@@ -291,8 +322,7 @@ return function(sdk)
   end
 
   function Module:_lease_apply(body)
-    local lease, target, key, run, id = self:_lease(body)
-    key = key or key_of(body)
+    local lease, target, key, run, id = self:_lease_write(body)
     local allowed, why = self.ledger:may_apply(key, run, id)
     if not allowed then
       fail(422, why, "idempotency_key")
@@ -309,8 +339,7 @@ return function(sdk)
   end
 
   function Module:_lease_restore(body)
-    local lease, target, key, run, id = self:_lease(body)
-    key = key or key_of(body)
+    local lease, target, key, run, id = self:_lease_write(body)
     if self.ledger:may_restore(key, run, id) then
       lease.write(target, body.value)
       self.ledger:restored(key, id)
@@ -342,7 +371,9 @@ return function(sdk)
       return status, answer
     end
     local err = status
-    if type(err) == "table" and err.roadie then
+    if type(err) == "table" and err.roadie and err.body then
+      return err.status, err.body
+    elseif type(err) == "table" and err.roadie then
       return err.status, protocol.error_body(err.message, err.field, err.retryable)
     end
     return 500, protocol.error_body("unexpected: " .. tostring(err), nil, true)

@@ -1,15 +1,17 @@
--- The remote module protocol, version 1 (docs/protocol.md): paths, signing, error bodies.
+-- The remote module protocol, version 2 (docs/protocol.md): paths, signing, fences, error bodies.
 -- Pure Lua; needs only the SDK's sha256, base64 and json.
 return function(sdk)
   local sha256, base64, json = sdk.sha256, sdk.base64, sdk.json
   local M = {
-    VERSION = "roadie/v1",
+    VERSION = "roadie/v2",
+    SUPERSEDED = 412, -- the answer to a call whose fence is older than one accepted for its target
+    MAX_FENCE = 9007199254740991, -- 2^53 - 1: JSON readers that keep numbers as doubles keep it exactly
     MAX_SKEW = 300, -- seconds a signed message may be away from our clock
     ANSWER_METHOD = "ANSWER", -- in the method's place when an answer is signed
   }
   local SECRET_PREFIX = "whsec_"
 
-  local prefix = "/roadie/v1"
+  local prefix = "/roadie/v2"
   M.paths = {
     announce = prefix .. "/announce",
     pull = prefix .. "/pull",
@@ -183,6 +185,28 @@ return function(sdk)
       inner.field = field
     end
     return json.object({error = inner})
+  end
+
+  -- Whether `fence` is one a call may carry: an integer from 1 to MAX_FENCE.
+  function M.valid_fence(fence)
+    return type(fence) == "number" and fence == math.floor(fence) and fence >= 1 and fence <= M.MAX_FENCE
+  end
+
+  -- What a lease's fence is counted under: `lease#target`, or the lease alone.
+  function M.lease_fence_target(lease, target)
+    if target == nil or target == json.null then
+      return lease
+    end
+    return lease .. "#" .. target
+  end
+
+  -- The answer (with SUPERSEDED) to a call whose fence is older than `mark`, the highest
+  -- fence accepted for its target: the call comes from an owner whose claim has lapsed.
+  function M.superseded_body(target, fence, mark)
+    local message = string.format("fence %s is older than fence %s, already accepted for %s: a newer owner has acted",
+      json.encode(fence), json.encode(mark), target)
+    return json.object({error = json.object({message = message, retryable = false, field = "fence",
+      code = "superseded", fence = mark})})
   end
 
   return M
