@@ -34,10 +34,13 @@ def test_fences_grow_with_every_claim_of_a_step_and_its_cleanup(harness: Harness
     cleanup's revert carries a higher one still."""
 
     async def body() -> None:
-        run = await harness.start(one_step({"fail_first": 1, "answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual"))
+        run = await harness.start(
+            one_step({"fail_first": 1, "answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual")
+        )
         [run] = await harness.settle(run)
         fences = [c.fence for c in harness.probe.calls]
-        assert len(fences) == 2 and 0 < fences[0] < fences[1]
+        assert len(fences) == 2
+        assert 0 < fences[0] < fences[1]
         report = await harness.engine.clean_up(run.id)
         assert report.status == "complete"
         [revert] = harness.probe.reverts
@@ -79,7 +82,8 @@ def test_a_lapsed_workers_borrow_is_refused_by_the_world(harness: Harness) -> No
         assert harness.probe.dial == 7
         assert [value for value, _ in harness.probe.written] == [5, 1.5, 7]
         fences = [fence for _, fence in harness.probe.written]
-        assert fences == sorted(fences) and len(set(fences)) == 3
+        assert fences == sorted(fences)
+        assert len(set(fences)) == 3
         # B's cleanup still has B's value to give back, and gives back A's original.
         assert (await harness.engine.clean_up(b.id)).status == "complete"
         assert harness.probe.dial == 1.5

@@ -12,6 +12,7 @@ from typing import Any
 
 from tests.conftest import Harness
 
+from roadie.engine.keep import LOST_GRACE
 from roadie.store.queue import QueueStore
 
 HOLDING = """
@@ -114,10 +115,13 @@ def test_what_a_restarted_module_lost_is_told(harness: Harness) -> None:
         # The module's process started again, a moment later, and said so.
         harness.clock.advance(1)
         await QueueStore(harness.store).announce("sandbox", {"module": "sandbox"}, harness.clock.now())
-        await _look(harness, 5)
+        await _look(harness, 5)  # its borrows are looked at, its world not yet: it is loading
+        assert await _world_audit(harness, run.id) == []
+        await _look(harness, LOST_GRACE)
         [(action, detail)] = await _world_audit(harness, run.id)
         assert action == "world.lost"
-        assert detail["lost"] == {"creature": 2} and sorted(detail["refs"]) == sorted(made[:2])
+        assert detail["lost"] == {"creature": 2}
+        assert sorted(detail["refs"]) == sorted(made[:2])
         await _look(harness, 5)  # told once per announce
         assert len(await _world_audit(harness, run.id)) == 1
 

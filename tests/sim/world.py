@@ -33,8 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from roadie.errors import AnswerLost
-from roadie.errors import Superseded
+from roadie.errors import AnswerLost, Superseded
 from roadie.registry import Answer, Call, FenceMarks, LeaseCall, Module, ModuleConfig, RevertCall
 from roadie.states import Reversible
 

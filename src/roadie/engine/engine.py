@@ -249,7 +249,8 @@ class Engine(Drain):
         if not interval or (self._keeping is not None and not self._keeping.done()):
             return
         now = self.clock.now()
-        due = self._next_keep is None or now >= self._next_keep
+        lost_due = self.keeper.next_due()
+        due = self._next_keep is None or now >= self._next_keep or (lost_due is not None and now >= lost_due)
         if not due and self.keeper.seen_until is not None and now >= self._next_announce_look:
             # A restarted module is looked at within seconds, not at the next full look;
             # asking costs a read, so not at every tick.

@@ -13,8 +13,9 @@ process started), a worker reads what each running run's borrows show:
   back, under a claim and a fence of its own, and staff are told;
 - anything else: a person set it since; it is left alone and told, once.
 
-After an announce, what running runs made through that module is inspected too, and what
-the world lost with its restart is told (it cannot be put back: the steps that made it
+Some seconds after an announce (`LOST_GRACE`: a restarted server loads its world a block
+at a time, and what it saved is not back at once), what running runs made through that
+module is inspected too, and what the world lost with its restart is told (it cannot be put back: the steps that made it
 are done, and doing them again is what the key ledger exists to prevent).
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -38,6 +39,7 @@ from roadie.store.keep import Borrow
 log = structlog.get_logger(__name__)
 
 ANNOUNCE_LOOK = 3.0  # seconds between a worker's asks whether a module announced itself again
+LOST_GRACE = 20.0  # seconds after an announce before what the module's world lost is looked for
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Keeper:
         self.claim_ttl = claim_ttl
         self.incarnation = incarnation
         self.seen_until: datetime | None = None  # announces up to here were looked at
+        self.restarted: dict[str, datetime] = {}  # module -> when to look for what its world lost
 
     async def keep(self) -> KeepReport:
         """Look once: the borrows of every running run, and, for each module that announced
@@ -66,12 +69,19 @@ class Keeper:
         report = KeepReport()
         now = self.clock.now()
         since, self.seen_until = self.seen_until, now
-        restarted = await self.store.announced_since(since) if since is not None else {}
+        if since is not None:
+            for module, at in (await self.store.announced_since(since)).items():
+                self.restarted[module] = at + timedelta(seconds=LOST_GRACE)
         for borrow in await self.store.borrows_in_force():
             await self._keep_borrow(borrow, report)
-        for module in sorted(restarted):
+        for module in sorted(m for m, due in self.restarted.items() if due <= now):
+            del self.restarted[module]
             await self._tell_lost(module, report)
         return report
+
+    def next_due(self) -> datetime | None:
+        """When a restarted module's world is next to be looked at for what it lost."""
+        return min(self.restarted.values(), default=None)
 
     async def _keep_borrow(self, borrow: Borrow, report: KeepReport) -> None:
         row = borrow.row
