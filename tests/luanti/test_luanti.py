@@ -269,3 +269,73 @@ def test_the_conformance_kit_passes_against_the_mod(tmp_path: Path) -> None:
     failed = [r for r in report["results"] if r["outcome"] == "fail"]
     assert not failed, json.dumps(report, indent=1) + err[-2000:]
     assert kit.returncode == 0, err[-2000:]
+
+
+NIGHT = """
+id: arena-night
+title: A long night in the arena
+cleanup: manual
+phases:
+  - name: dusk
+    steps:
+      - {action: core.lease, name: night, with: {lease: luanti.time_of_day, value: 0.0}}
+      - {action: core.lease, name: banner, with: {lease: luanti.setting, target: motd, value: "Night in the arena"}}
+      - action: luanti.spawn
+        name: zombies
+        with: {pos: {x: 0, y: 1, z: 0}, kind: zombie, count: 3}
+        retry: {attempts: 20, backoff: 200ms}
+  - name: dawn
+    after: 1h
+    steps:
+      - {action: luanti.announce, name: morning, with: {message: "Dawn comes to the arena"}}
+"""
+
+
+def test_a_server_killed_mid_event_gets_the_runs_borrows_back_and_staff_are_told_what_it_lost(
+    world: tuple[Roadie, Luanti],
+) -> None:
+    """Issue 37, item 4, on a real server: killed a second after the event's setup (nothing
+    of it saved: the map is saved every 600 s here), Luanti comes back at its saved time
+    of day, with the motd of its configuration, and without the zombies. The worker beside
+    the gateway sees the mod announce itself again, puts both borrows back, and tells, in
+    the run's audit, that the three zombies were lost; the run goes on."""
+    roadie, luanti = world
+    before = luanti.look()
+    assert before is not None
+    (roadie.home / "night.yaml").write_text(NIGHT)
+    run_id = roadie.json("run", "start", "night.yaml")["id"]
+
+    def set_up() -> bool:
+        steps = roadie.json("run", "show", str(run_id))["steps"]
+        return all(s["status"] == "succeeded" for s in steps if s["phase"] == 0)
+
+    wait_for("the dusk phase to be set up", set_up, 120, every=0.5)
+    seen = luanti.look()
+    assert seen is not None
+    assert (seen["time_of_day"], seen["settings"]["motd"]) == (0.0, "Night in the arena")
+    luanti.kill()
+    luanti.start()
+    luanti.ready()
+
+    def told() -> dict[str, Any] | None:
+        entries = roadie.json("audit", "--run", str(run_id), "--action", "world")
+        actions = sorted(e["action"] for e in entries)
+        return (
+            {e["action"] + ":" + str((e["detail"] or {}).get("ref", "")): e["detail"] for e in entries}
+            if (actions.count("world.reapplied") >= 2 and "world.lost" in actions)
+            else None
+        )
+
+    found = wait_for("the worker to put the borrows back and tell what was lost", told, 180, every=1.0)
+    assert found is not None
+    back = luanti.look()
+    assert back is not None
+    assert (back["time_of_day"], back["settings"]["motd"]) == (0.0, "Night in the arena")
+    [lost] = [d for k, d in found.items() if k.startswith("world.lost")]
+    assert lost["lost"] == {"creature": 3}, lost
+    run = roadie.json("run", "show", str(run_id))["run"]
+    assert run["status"] == "running"
+    assert roadie.run("run", "cancel", str(run_id)).returncode == 0
+    _verify_until_clean(roadie, run_id)
+    after = luanti.look() or {}
+    assert (after["time_of_day"], after["settings"]["motd"]) == (before["time_of_day"], before["settings"]["motd"])
