@@ -10,9 +10,14 @@ timed from the first run or workflow started to the last one ended, creation inc
 on both sides. Repetitions are interleaved (Roadie `none`, Roadie `ledger`, DBOS, then
 again) so that drift on a shared machine hits all three alike; medians with min and max.
 
+`--contention` runs every measurement of both sides under the standard background load
+(`report.Contention`: one CPU-bound process per CPU and one process doing small fsync'd
+writes), started before the first and stopped after the last, as a shared host is busy.
+
 `dbos` is a benchmark-only dependency (`pip install -e '.[bench]'`), never a runtime one.
 
     .venv/bin/python benchmarks/dbos_compare.py --write docs/benchmarks.md
+    .venv/bin/python benchmarks/dbos_compare.py --contention --write docs/benchmarks.md
     .venv/bin/python benchmarks/dbos_compare.py --quick
 """
 
@@ -28,10 +33,11 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from importlib.metadata import version
 from pathlib import Path
 
-from report import LoadReport, parse_args, progress, write_section
+from report import Contention, LoadReport, parse_args, progress, write_section
 from sqlalchemy.ext.asyncio import create_async_engine
 from throughput import open_bench
 from workers import DEFAULT_SERVERS, Database, _reachable
@@ -109,8 +115,10 @@ def _server_version(server: str) -> str:
 def _section(
     rows: list[tuple[str, str, str, dict[str, float], float]], args: argparse.Namespace, env: str, load: str
 ) -> str:
+    title = "## Side by side with DBOS, under contention" if args.contention else "## Side by side with DBOS"
+    flag = " --contention" if args.contention else ""
     lines = [
-        "## Side by side with DBOS",
+        title,
         "",
         "The same shapes as Roadie runs (in-process no-op module, one engine, concurrency "
         f"{args.concurrency}, `engine.settle`) and as DBOS Transact workflows of trivial `@DBOS.step()` steps "
@@ -125,7 +133,7 @@ def _section(
         "",
         load,
         "",
-        f"Command: `.venv/bin/python benchmarks/dbos_compare.py --write {args.write}`",
+        f"Command: `.venv/bin/python benchmarks/dbos_compare.py{flag} --write {args.write}`",
         "",
         "| database | shape | system | steps/s median | min | max | ratio Roadie/DBOS |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
@@ -151,6 +159,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=200, help="runs in the many-runs shape (5 steps each)")
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--contention",
+        action="store_true",
+        help="time both sides under the standard background load: a CPU-bound process per CPU, one fsync writer",
+    )
     parser.add_argument("--write", type=Path, help="write (or replace) this script's section in this Markdown file")
     args = parse_args(parser, argv, quick={"databases": "sqlite", "steps": 100, "runs": 20, "repeats": 1})
     freeze_heap()  # as `roadie worker` does once it has started: this process stands in for one
@@ -163,7 +176,8 @@ def main(argv: list[str]) -> int:
 
     versions = [f"SQLite {sqlite3.sqlite_version}"]
     rows: list[tuple[str, str, str, dict[str, float], float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    contention = Contention("dbos_compare") if args.contention else None
+    with tempfile.TemporaryDirectory() as tmp, contention or nullcontext():
         for backend in [b.strip() for b in args.databases.split(",") if b.strip()]:
             server = None if backend == "sqlite" else getattr(args, backend)
             if server is not None:
@@ -210,9 +224,12 @@ def main(argv: list[str]) -> int:
     )
     print(env)
     load_line = load.end()
+    if contention is not None:
+        load_line += "\n\n" + contention.line
     print(load_line)
     if args.write:
-        write_section(args.write, "dbos_compare.py", _section(rows, args, env, load_line))
+        script = "dbos_compare.py --contention" if args.contention else "dbos_compare.py"
+        write_section(args.write, script, _section(rows, args, env, load_line))
     return 0
 
 

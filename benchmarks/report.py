@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +86,97 @@ class LoadReport:
     def line(self) -> str:
         end = "not taken" if self.ended is None else str(self.ended)
         return f"Load average (1, 5, 15 min): {self.started} at the start, {end} at the end."
+
+
+# The standard contention (`--contention`): one process per CPU spinning on arithmetic, and
+# one process writing 4 KiB to a file of its own and fsyncing it, again and again. Each is a
+# few lines of Python started with the benchmark's own interpreter, so any machine that runs
+# the benchmark can make the same load; each says on stdout how much it did when stopped.
+_SPIN = """
+import signal, sys, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+started, n, x = time.perf_counter(), 0, 1
+while not stop:
+    for i in range(10_000):
+        x = (x * 31 + i) % 1_000_003
+    n += 10_000
+print(n / (time.perf_counter() - started))
+"""
+_FSYNC = """
+import os, signal, sys, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+block, n, started = b"x" * 4096, 0, time.perf_counter()
+while not stop:
+    os.pwrite(fd, block, (n % 256) * 4096)
+    os.fsync(fd)
+    n += 1
+os.close(fd)
+print(n / (time.perf_counter() - started))
+"""
+
+
+class Contention:
+    """The standard background load of `--contention`, on while a benchmark times both
+    sides alike: `spinners` CPU-bound processes (one per CPU unless told) and one process
+    doing small fsync'd writes in a loop to a temp file. `start` starts them, `stop` stops
+    them (a `with` block does both) and returns the line that says what ran: the load
+    average just before they were stopped, and how fast they went."""
+
+    def __init__(self, script: str, spinners: int | None = None) -> None:
+        self.script = script
+        self.spinners = spinners if spinners is not None else os.cpu_count() or 1
+        self._procs: list[subprocess.Popen[str]] = []
+        self._home: tempfile.TemporaryDirectory[str] | None = None
+        self.line = ""
+
+    def start(self) -> None:
+        self._home = tempfile.TemporaryDirectory(prefix="roadie-contention-")
+        target = os.path.join(self._home.name, "fsync.dat")
+        argvs = [[sys.executable, "-c", _SPIN] for _ in range(self.spinners)] + [[sys.executable, "-c", _FSYNC, target]]
+        self._procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for argv in argvs]
+        self.started = time.perf_counter()
+        progress(self.script, f"contention on: {self.spinners} CPU-bound processes, 1 fsync writer")
+
+    def stop(self) -> str:
+        """Stop the load and return the line describing it."""
+        if not self._procs:
+            return self.line
+        load = Load.now()
+        for proc in self._procs:
+            proc.send_signal(signal.SIGTERM)
+        rates = []
+        for proc in self._procs:
+            try:
+                out, _ = proc.communicate(timeout=10)
+                rates.append(float(out.strip() or 0))
+            except (subprocess.TimeoutExpired, ValueError):
+                proc.kill()
+                proc.wait()
+                rates.append(0.0)
+        self._procs = []
+        if self._home is not None:
+            self._home.cleanup()
+        spin, fsyncs = rates[:-1], rates[-1]
+        minutes = (time.perf_counter() - self.started) / 60
+        self.line = (
+            f"Contention (`--contention`, started by the benchmark, on for {minutes:.1f} min over every "
+            f"measurement of both sides): {self.spinners} CPU-bound Python processes "
+            f"({sum(spin) / len(spin) / 1e6:.1f} M loop steps/s each on average) and 1 process writing 4 KiB "
+            f"and fsyncing it in a loop ({fsyncs:.0f} fsyncs/s); load average (1, 5, 15 min) under it, just "
+            f"before it was stopped: {load}."
+        )
+        progress(self.script, self.line)
+        return self.line
+
+    def __enter__(self) -> Contention:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str], quick: dict[str, Any]) -> argparse.Namespace:

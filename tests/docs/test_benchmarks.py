@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,28 @@ def test_the_docs_head_is_the_one_a_benchmark_writes_on_a_fresh_file() -> None:
     assert (ROOT / "docs" / "benchmarks.md").read_text().startswith(TITLE)
     assert "--quick" in TITLE
     assert "load averages" in TITLE
+
+
+def test_the_standard_contention_runs_until_stopped_and_says_what_it_did() -> None:
+    """`--contention`'s load (report.Contention): CPU-bound processes and an fsync writer,
+    running while the benchmark times, gone once stopped, and a line that says how much
+    each did and the load average under them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from report import Contention
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    contention = Contention("test", spinners=1)
+    contention.start()
+    procs = list(contention._procs)
+    assert len(procs) == 2
+    try:
+        time.sleep(1.0)
+        assert all(p.poll() is None for p in procs), "the load runs until stopped"
+    finally:
+        line = contention.stop()
+    assert all(p.poll() is not None for p in procs), "stopped, every process is gone"
+    assert re.search(r"1 CPU-bound Python processes \(\d+\.\d M loop steps/s", line), line
+    assert re.search(r"fsyncing it in a loop \((\d+) fsyncs/s\)", line), line
+    assert int(re.search(r"\((\d+) fsyncs/s\)", line).group(1)) > 0, line  # type: ignore[union-attr]
+    assert re.search(LOAD, line), line
