@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from tests.conftest import Harness
 from tests.integration.test_ledger_rules import one_step
 from tests.integration.test_ownership import LEASE, Gate
 
 from roadie.clock import FakeClock
 from roadie.engine import Engine, EngineOptions
+from roadie.errors import ClaimLost
 from roadie.store import Store
 
 
@@ -116,5 +118,23 @@ def test_a_lapsed_workers_dispatch_after_the_cleanup_makes_nothing(harness: Harn
         outcomes = [c.outcome for c in harness.probe.calls]
         assert outcomes == ["raised", "answered"]  # E1's, refused; E2's
         assert [c.fence for c in harness.probe.calls] == sorted(c.fence for c in harness.probe.calls)
+
+    harness.run(body)
+
+
+def test_a_layer_is_not_changed_for_a_step_whose_claim_is_gone(harness: Harness) -> None:
+    """A layered borrow changes its stack under the stack's own claim, and mints its fence
+    with it: that claim is only taken while the step's claim holds, in one transaction,
+    or a worker whose step was taken over could take the stack and a fresh fence."""
+
+    async def body() -> None:
+        run = await harness.start(one_step({"answer": []}, cleanup="manual"))
+        [run] = await harness.settle(run)
+        [step] = await harness.steps(run)
+        with pytest.raises(ClaimLost):
+            await harness.store.claim_stack(
+                "probe.dial", "stack.t", harness.clock.now(), 60, for_step=(step.id, "stale-token")
+            )
+        assert await harness.store.claim_stack("probe.dial", "stack.t", harness.clock.now(), 60) is not None
 
     harness.run(body)

@@ -218,13 +218,17 @@ def stack_ref(row: ResourceRow) -> str:
     return row.ref
 
 
-async def _claim_stack(store: Store, ref: str, clock: Clock, ttl: float, patience: float) -> Stack:
-    """Take the stack of `ref` for `ttl` seconds; while another holds it (two runs ending
-    at once), wait for it up to `patience` seconds, then `StackBusy`."""
+async def _claim_stack(
+    store: Store, ref: str, clock: Clock, ttl: float, patience: float, *, step: StepRow | None = None
+) -> Stack:
+    """Take the stack of `ref` for `ttl` seconds, for `step` (only while its claim holds);
+    while another holds it (two runs ending at once), wait for it up to `patience`
+    seconds, then `StackBusy`."""
     token = mint_token("stack")
     waited, pause = 0.0, 0.02
+    for_step = (step.id, step.claim_token) if step is not None else None
     while True:
-        stack = await store.claim_stack(ref, token, clock.now(), ttl)
+        stack = await store.claim_stack(ref, token, clock.now(), ttl, for_step=for_step)
         if stack is not None:
             return stack
         if waited >= patience:
@@ -242,7 +246,7 @@ async def _push(store: Store, lease: Lease, call: LeaseCall, step: StepRow, row:
     # mid-change leaves the stack to whoever takes its step over.
     left = (step.claim_expires - clock.now()).total_seconds() if step.claim_expires else 0.0
     ttl = max(step.timeout, min(step.timeout * STACK_CLAIM_FACTOR, left))
-    stack = await _claim_stack(store, step.lease_ref, clock, ttl, step.timeout / 2)
+    stack = await _claim_stack(store, step.lease_ref, clock, ttl, step.timeout / 2, step=step)
     try:
         if stack.exclusive is not None:
             raise PermanentError(f"{step.lease_ref} is already held by run {stack.exclusive} (not as a layer)")

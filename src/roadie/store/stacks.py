@@ -16,7 +16,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
-from roadie.states import LAYER_KIND, OVERRIDE_KIND
+from roadie.states import LAYER_KIND, OVERRIDE_KIND, StepStatus
 from roadie.store import dialects
 from roadie.store.connector import Connector
 from roadie.store.fences import mint_fence
@@ -91,12 +91,29 @@ def _unwrap(stored: Any) -> tuple[Any] | None:
 
 
 class StackQueries(Connector):
-    async def claim_stack(self, ref: str, token: str, now: datetime, ttl: float) -> Stack | None:
+    async def claim_stack(
+        self, ref: str, token: str, now: datetime, ttl: float, *, for_step: tuple[int, str | None] | None = None
+    ) -> Stack | None:
         """Take the right to change what the world shows of the stacked lease `ref` under
         `token`, and answer the stack as it is; None while another holds it (its claim
-        runs out `ttl` after it was taken)."""
+        runs out `ttl` after it was taken). Taken `for_step` (its id and claim token), it is
+        taken only while that step's claim holds, in the same transaction: a worker whose
+        step was taken over cannot take the stack, nor mint a fence, for it (`ClaimLost`)."""
 
         async def work(conn: AsyncConnection) -> Stack | None:
+            if for_step is not None:
+                held = await conn.execute(
+                    select(steps.c.id)
+                    .where(
+                        steps.c.id == for_step[0],
+                        steps.c.claim_token == for_step[1],
+                        steps.c.status == StepStatus.RUNNING.value,
+                        steps.c.claim_expires >= now,
+                    )
+                    .with_for_update()
+                )
+                if held.first() is None:
+                    raise ClaimLost(f"step {for_step[0]}'s claim is gone: {ref} is not changed for it")
             await conn.execute(dialects.insert_ignore(self.dialect, lease_stacks), [{"ref": ref, "updated_at": now}])
             taken = await conn.execute(
                 update(lease_stacks)
