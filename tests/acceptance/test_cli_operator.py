@@ -254,6 +254,7 @@ def test_no_command_prints_a_secret_of_its_configuration(
     (tmp_path / "quick.yaml").write_text(QUICK_EVENT)
     commands = [
         (["init"], 0),
+        (["init", "--json"], 0),
         (["event", "validate", "quick.yaml"], 0),
         (["event", "apply", "quick.yaml"], 0),
         (["event", "list"], 0),

@@ -231,15 +231,23 @@ def forget(
     resource_id: int = typer.Argument(..., metavar="RESOURCE", help="The ledger row's id (see `run show`)."),
     reason: str = typer.Option(..., "--reason", help="Why it can never be reverted; kept in the audit log."),
     actor: str = typer.Option(os.environ.get("USER", "admin"), "--actor", help="Who is forgetting it."),
+    as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Admin: give up on a resource that can never be reverted (its module is gone for good)."""
+    """Admin: give up on a resource that can never be reverted (its module is gone for good).
+    With --json, the ledger row as it is now (abandoned), as the HTTP API answers."""
 
     async def work(ctx: Context) -> Any:
-        return await ctx.engine.cleanup.forget(resource_id, actor=actor, reason=reason)
+        await ctx.engine.cleanup.forget(resource_id, actor=actor, reason=reason)
+        return await ctx.store.get_resource(resource_id)  # as it is now, as the HTTP API answers
 
-    row = in_context(database_url, config, work)
+    row = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        from roadie import views
+
+        print_json(views.shown(views.Resource, row))
+        return
     console.print(f"resource {row.id} ({row.kind} {row.ref}) of run {row.run_id} is forgotten; audited")
 
 

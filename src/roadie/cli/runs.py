@@ -23,7 +23,6 @@ from roadie.cli.common import (
     clip,
     console,
     err,
-    fail,
     group,
     in_context,
     in_store,
@@ -33,7 +32,7 @@ from roadie.cli.common import (
     styled,
 )
 from roadie.cli.events import apply_event
-from roadie.errors import PreflightRefused
+from roadie.errors import InvalidState, PreflightRefused
 from roadie.states import CleanupStatus, RunStatus
 
 if TYPE_CHECKING:
@@ -323,20 +322,25 @@ def run_show(
 @run_app.command("cancel")
 def run_cancel(
     run_id: int = typer.Argument(..., metavar="RUN", help="The run's id."),
+    as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Cancel a run: no new dispatches; in-flight steps answer; then cleanup per the event's policy."""
+    """Cancel a run: no new dispatches; in-flight steps answer; then cleanup per the event's
+    policy. Asking again is no error; a run that has already ended is (exit 1)."""
 
-    async def work(ctx: Context) -> RunRow | None:
-        await ctx.store.get_run(run_id)  # no such run: NotFound, said as such
-        cancelled = await ctx.engine.cancel_run(run_id, actor=os.environ.get("USER", "cli"))
-        return None if cancelled else await ctx.store.get_run(run_id)
+    async def work(ctx: Context) -> bool:
+        run = await ctx.store.get_run(run_id)  # no such run: NotFound, said as such
+        if await ctx.engine.cancel_run(run_id, actor=os.environ.get("USER", "cli")):
+            return False
+        run = await ctx.store.get_run(run_id)
+        if run.cancel_requested and not RunStatus(run.status).terminal:
+            return True
+        raise InvalidState(f"run {run_id} has already ended ({run.status}); nothing to cancel")
 
-    run = in_context(database_url, config, work)
-    if run is None:
-        console.print(f"run {run_id}: cancel requested")
-    elif run.cancel_requested and not RunStatus(run.status).terminal:
-        console.print(f"run {run_id}: cancel already requested")
+    already = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        # The HTTP API's answer to a cancel, and whether it had been asked for before.
+        print_json({"run_id": run_id, "cancel_requested": True, "already_requested": already})
     else:
-        fail([f"run {run_id} has already ended ({run.status}); nothing to cancel"])
+        console.print(f"run {run_id}: cancel {'already ' if already else ''}requested")

@@ -24,14 +24,21 @@ if TYPE_CHECKING:
     from roadie.runtime import Context
 
 
-def init(database_url: str | None = DatabaseOption, config: str | None = ConfigOption) -> None:
-    """Create or upgrade the database schema (migrations are also applied on every start)."""
+def init(
+    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+) -> None:
+    """Create or upgrade the database schema (migrations are also applied on every start).
+    With --json, the database (its password as ***) and the schema's migration."""
     from roadie.store.dialects import redacted
+    from roadie.store.migrate import head
 
     async def work(ctx: Context) -> str:
         return ctx.settings.database_url
 
-    url = in_context(database_url, config, work)
+    url = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        print_json({"database_url": redacted(url), "schema": head()})
+        return
     console.print(f"database ready: {redacted(url)}")
 
 
