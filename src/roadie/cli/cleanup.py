@@ -35,7 +35,7 @@ def cleanup(
     plan: bool = typer.Option(
         False, "--plan", help="Show what cleanup would take down, by module and kind, and its calls; call nothing."
     ),
-    member: str | None = typer.Option(None, "--member", help="Only the resources of this memberKey."),
+    member: str | None = typer.Option(None, "--member", metavar="KEY", help="Only the resources of this memberKey."),
     again: bool = typer.Option(False, "--again", help="Clean up again after 'incomplete' or 'complete'."),
     verify: bool = typer.Option(
         False,
@@ -192,7 +192,7 @@ def verdict_lines(found: dict[str, Any]) -> list[Text]:
 
 def sweep(
     plan: bool = typer.Option(False, "--plan", help="Find the orphans and revert nothing."),
-    module: str | None = typer.Option(None, "--module", help="Only this module."),
+    module: str | None = typer.Option(None, "--module", metavar="NAME", help="Only this module."),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
@@ -274,10 +274,10 @@ def leases(
 
 
 def audit(
-    run_id: int | None = typer.Option(None, "--run", help="Only entries about this run."),
+    run_id: int | None = typer.Option(None, "--run", metavar="RUN", help="Only entries about this run."),
     actor: str | None = typer.Option(None, "--actor", help="Only entries by this token's name (or `cli`)."),
     action: str | None = typer.Option(None, "--action", help="Only this action (run.start), or all under it (run)."),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    limit: int = typer.Option(50, "--limit", metavar="N", min=1, max=1000),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,

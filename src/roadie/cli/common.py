@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from roadie.cli.help import Group
 from roadie.errors import (
     ConfigError,
     DefinitionError,
@@ -58,7 +59,7 @@ err = make_console(stderr=True)
 def group(help: str) -> typer.Typer:
     """A group of commands (`roadie run ...`), with help as Click prints it: flags shown as
     flags, and text printed as written."""
-    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+    return typer.Typer(cls=Group, help=help, no_args_is_help=True, rich_markup_mode=None)
 
 
 def _or_given_before(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
@@ -73,12 +74,14 @@ def _or_given_before(ctx: typer.Context, param: typer.CallbackParam, value: str 
 DatabaseOption = typer.Option(
     None,
     "--database-url",
+    metavar="URL",
     callback=_or_given_before,
     help="Database URL (env ROADIE_DATABASE_URL; roadie.toml). Also taken before the command.",
 )
 ConfigOption = typer.Option(
     None,
     "--config",
+    metavar="FILE",
     callback=_or_given_before,
     help="Configuration file (default ./roadie.toml; env ROADIE_CONFIG). Also taken before the command.",
 )

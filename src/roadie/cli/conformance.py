@@ -58,6 +58,7 @@ def _pairs(values: list[str], flag: str, *, as_json: bool) -> dict[str, Any]:
 def conformance(
     url: str | None = typer.Argument(
         None,
+        metavar="URL",
         help="The module server's URL (with --pull: where to serve the work queue). Without it, --module "
         "names a module of roadie.toml (a console world) to check in this process against its live world.",
     ),
@@ -68,17 +69,27 @@ def conformance(
         help="The module's shared secret (env ROADIE_CONFORMANCE_SECRET).",
     ),
     as_json: bool = JsonOption,
-    target: list[str] = typer.Option([], "--target", help="LEASE=TARGET: the target to test a targeted lease on."),
-    params: list[str] = typer.Option([], "--params", help="ACTION=JSON: the params to test an action with."),
-    value: list[str] = typer.Option([], "--value", help="LEASE=JSON: the value to borrow while testing a lease."),
-    rule: list[str] = typer.Option([], "--rule", help=f"Only these rules ({', '.join(RULE_NAMES)})."),
+    target: list[str] = typer.Option(
+        [], "--target", metavar="LEASE=TARGET", help="LEASE=TARGET: the target to test a targeted lease on."
+    ),
+    params: list[str] = typer.Option(
+        [], "--params", metavar="ACTION=JSON", help="ACTION=JSON: the params to test an action with."
+    ),
+    value: list[str] = typer.Option(
+        [], "--value", metavar="LEASE=JSON", help="LEASE=JSON: the value to borrow while testing a lease."
+    ),
+    rule: list[str] = typer.Option([], "--rule", metavar="RULE", help=f"Only these rules ({', '.join(RULE_NAMES)})."),
     pull: bool = typer.Option(False, "--pull", help="Serve a work queue at URL and check the module that polls it."),
     module: str | None = typer.Option(
-        None, "--module", help="With --pull: the module's name. Without a URL: the module of roadie.toml to check."
+        None,
+        "--module",
+        metavar="NAME",
+        help="With --pull: the module's name. Without a URL: the module of roadie.toml to check.",
     ),
     timeout: float = typer.Option(
         30.0,
         "--timeout",
+        metavar="SECONDS",
         min=0.1,
         help="Seconds to wait for each answer; with --pull, also for the module to announce itself.",
     ),

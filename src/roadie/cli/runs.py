@@ -59,7 +59,9 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 @run_app.command("start")
 def run_start(
     event: str = typer.Argument(..., metavar="EVENT", help="An applied event's id, or an event file (applied first)."),
-    param: list[str] = typer.Option([], "--param", "-p", help="A parameter, name=value; repeatable."),
+    param: list[str] = typer.Option(
+        [], "--param", "-p", metavar="NAME=VALUE", help="A parameter, name=value; repeatable."
+    ),
     wait: bool = typer.Option(
         False,
         "--wait",
@@ -203,9 +205,9 @@ def _phase(run: RunRow) -> str:
 
 @run_app.command("list")
 def run_list(
-    status: str | None = typer.Option(None, "--status", help="Only runs in this state."),
+    status: str | None = typer.Option(None, "--status", metavar="STATE", help="Only runs in this state."),
     event: str | None = typer.Option(None, "--event", help="Only runs of this event."),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    limit: int = typer.Option(50, "--limit", metavar="N", min=1, max=1000),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
