@@ -115,6 +115,26 @@ def fail(messages: list[str], *, code: int = 1, kind: str = "error", as_json: bo
     raise typer.Exit(code)
 
 
+def name_values(given: list[str], flag: str) -> dict[str, str]:
+    """`NAME=VALUE` options (`-p count=3 -p region=yew`) as a dict. A name given twice is
+    a usage error naming it, not the last value silently kept: a list is one JSON value
+    (`-p waves='[3, 5]'`), so two values for one name are a mistake, not a list."""
+    found: dict[str, str] = {}
+    for pair in given:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise typer.BadParameter(f"{pair!r}: write {flag} NAME=VALUE", param_hint=flag)
+        if name in found:
+            raise typer.BadParameter(
+                f"{name!r} given twice ({name}={found[name]}, {name}={value}): give it once; "
+                f"a list is one JSON value, {name}='[...]'",
+                param_hint=flag,
+            )
+        found[name] = value
+    return found
+
+
 WEB_LIBRARIES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "itsdangerous", "python_multipart")
 
 

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from roadie.cli.common import ConfigOption, JsonOption, console, exit_code, fail, line, require_web
+from roadie.cli.common import ConfigOption, JsonOption, console, exit_code, fail, line, name_values, require_web
 from roadie.errors import RoadieError
 
 if TYPE_CHECKING:
@@ -40,18 +40,13 @@ RULE_NAMES = (
 
 
 def _pairs(values: list[str], flag: str, *, as_json: bool) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=flag)
-        if as_json:
+    found: dict[str, Any] = name_values(values, flag)
+    if as_json:
+        for name, value in found.items():
             try:
                 found[name] = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise typer.BadParameter(f"{name}: not JSON: {exc}", param_hint=flag) from None
-        else:
-            found[name] = value
     return found
 
 

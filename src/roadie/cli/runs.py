@@ -28,6 +28,7 @@ from roadie.cli.common import (
     in_store,
     line,
     make_console,
+    name_values,
     print_json,
     styled,
 )
@@ -46,21 +47,15 @@ if TYPE_CHECKING:
 run_app = group("Runs: start, list, show, cancel.")
 
 
-def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"{pair!r}: write --param name=value")
-        params[name.strip()] = value
-    return params
-
-
 @run_app.command("start")
 def run_start(
     event: str = typer.Argument(..., metavar="EVENT", help="An applied event's id, or an event file (applied first)."),
     param: list[str] = typer.Option(
-        [], "--param", "-p", metavar="NAME=VALUE", help="A parameter, name=value; repeatable."
+        [],
+        "--param",
+        "-p",
+        metavar="NAME=VALUE",
+        help="A parameter of the event; one -p for each (a list or a dict as JSON).",
     ),
     wait: bool = typer.Option(
         False,
@@ -90,7 +85,7 @@ def run_start(
     from roadie.engine import settled
     from roadie.runtime import freeze_heap
 
-    params = _parse_params(param)
+    params = name_values(param, "--param")
     left: Left | None = None
 
     async def work(ctx: Context) -> RunRow:
