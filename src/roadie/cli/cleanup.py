@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def cleanup(
-    run_id: int = typer.Argument(..., metavar="RUN"),
+    run_id: int = typer.Argument(..., metavar="RUN", help="The run's id."),
     plan: bool = typer.Option(
         False, "--plan", help="Show what cleanup would take down, by module and kind, and its calls; call nothing."
     ),

@@ -65,13 +65,11 @@ def conformance(
     ),
     as_json: bool = JsonOption,
     target: list[str] = typer.Option(
-        [], "--target", metavar="LEASE=TARGET", help="LEASE=TARGET: the target to test a targeted lease on."
+        [], "--target", metavar="LEASE=TARGET", help="The target to test a targeted lease on."
     ),
-    params: list[str] = typer.Option(
-        [], "--params", metavar="ACTION=JSON", help="ACTION=JSON: the params to test an action with."
-    ),
+    params: list[str] = typer.Option([], "--params", metavar="ACTION=JSON", help="The params to test an action with."),
     value: list[str] = typer.Option(
-        [], "--value", metavar="LEASE=JSON", help="LEASE=JSON: the value to borrow while testing a lease."
+        [], "--value", metavar="LEASE=JSON", help="The value to borrow while testing a lease."
     ),
     rule: list[str] = typer.Option([], "--rule", metavar="RULE", help=f"Only these rules ({', '.join(RULE_NAMES)})."),
     pull: bool = typer.Option(False, "--pull", help="Serve a work queue at URL and check the module that polls it."),
