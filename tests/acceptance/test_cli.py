@@ -88,6 +88,40 @@ def test_validate_and_apply_answer_json_for_scripts(workdir: Path) -> None:
     assert json.loads(out)["version"] == 1
 
 
+def test_init_cancel_and_forget_answer_json_for_scripts(workdir: Path) -> None:
+    """`init --json`, `run cancel --json` and `forget --json` print what they did as one
+    JSON object, and an error as the JSON error with the exit code it has without --json
+    (they had no --json)."""
+    code, out = roadie("init", "--json")
+    assert code == 0, out
+    assert set(json.loads(out)) == {"database_url", "schema"}
+    code, out = roadie("run", "start", "manual.yaml", "--json")
+    assert code == 0, out
+    in_flight = json.loads(out)["id"]
+    code, out = roadie("run", "cancel", str(in_flight), "--json")
+    assert (code, json.loads(out)) == (0, {"run_id": in_flight, "cancel_requested": True, "already_requested": False})
+    code, out = roadie("run", "cancel", str(in_flight), "--json")
+    assert (code, json.loads(out)["already_requested"]) == (0, True)
+    code, out = roadie("run", "start", "manual.yaml", "--wait", "--json")
+    ended = json.loads(out)["id"]
+    for command, exit_code, kind, says in (
+        (["run", "cancel", str(ended)], 1, "invalid_state", f"run {ended} has already ended (succeeded)"),
+        (["run", "cancel", "42"], 66, "not_found", "no run 42"),
+        (["forget", "4242", "--reason", "gone"], 66, "not_found", "4242"),
+    ):
+        code, out = roadie(*command, "--json")
+        error = json.loads(out)["error"]
+        assert (code, error["exit_code"], error["kind"]) == (exit_code, exit_code, kind), out
+        assert says in error["messages"][0], out
+        assert roadie(*command)[0] == exit_code
+    code, out = roadie("run", "show", str(ended), "--json")
+    creature = next(r for r in json.loads(out)["resources"] if r["kind"] == "creature")
+    code, out = roadie("forget", str(creature["id"]), "--reason", "the shard was wiped", "--json")
+    assert code == 0, out
+    forgotten = json.loads(out)
+    assert (forgotten["id"], forgotten["state"], forgotten["run_id"]) == (creature["id"], "abandoned", ended)
+
+
 def test_bad_step_parameters_are_refused_at_validation(workdir: Path) -> None:
     """A `with:` that does not fit the action's schema is refused before anything runs."""
     (workdir / "bad.yaml").write_text(QUICK_EVENT.replace('count: "{{ count }}"', "count: lots"))

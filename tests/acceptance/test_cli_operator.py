@@ -254,6 +254,7 @@ def test_no_command_prints_a_secret_of_its_configuration(
     (tmp_path / "quick.yaml").write_text(QUICK_EVENT)
     commands = [
         (["init"], 0),
+        (["init", "--json"], 0),
         (["event", "validate", "quick.yaml"], 0),
         (["event", "apply", "quick.yaml"], 0),
         (["event", "list"], 0),
@@ -395,6 +396,39 @@ def test_a_param_without_a_default_must_be_given(folder: Path) -> None:
     code, out = roadie("event", "validate", "scheduled.yaml")
     assert code == 65, out
     assert "param 'n' is required: it has no default" in out
+
+
+WAVES_EVENT = """\
+id: waves
+cleanup: auto
+params:
+  waves: {type: list, default: [1]}
+phases:
+  - name: announce
+    steps:
+      - action: sandbox.broadcast
+        with: {message: "waves {{ waves }}"}
+"""
+
+
+def test_a_param_given_twice_is_refused_naming_it(folder: Path) -> None:
+    """Before: `-p count=3 -p count=5` ran with count 5, the 3 dropped without a word. Now
+    it is a usage error (exit 2, as any bad command line), naming the param and both
+    values, before anything is stored; a list param too, whose items are one JSON value,
+    which is said in the same line."""
+    (folder / "quick.yaml").write_text(QUICK_EVENT)
+    (folder / "waves.yaml").write_text(WAVES_EVENT)
+    code, out = roadie("run", "start", "quick.yaml", "-p", "count=3", "-p", "count=5")
+    assert code == 2, out
+    [said] = [line for line in out.splitlines() if "given twice" in line]
+    assert "'count' given twice (count=3, count=5): give it once" in said, out
+    code, out = roadie("run", "start", "waves.yaml", "-p", "waves=3", "--param", "waves=5")
+    assert code == 2, out
+    assert "'waves' given twice (waves=3, waves=5): give it once; a list is one JSON value, waves='[...]'" in out
+    code, out = roadie("run", "start", "waves.yaml", "-p", "waves=[3, 5]", "--json")
+    assert code == 0, out
+    run = json.loads(out)
+    assert (run["id"], run["params"]) == (1, {"waves": [3, 5]})  # the first run: the refused made none
 
 
 HOLD_YEW = """\

@@ -31,11 +31,11 @@ if TYPE_CHECKING:
 
 
 def cleanup(
-    run_id: int = typer.Argument(..., metavar="RUN"),
+    run_id: int = typer.Argument(..., metavar="RUN", help="The run's id."),
     plan: bool = typer.Option(
         False, "--plan", help="Show what cleanup would take down, by module and kind, and its calls; call nothing."
     ),
-    member: str | None = typer.Option(None, "--member", help="Only the resources of this memberKey."),
+    member: str | None = typer.Option(None, "--member", metavar="KEY", help="Only the resources of this memberKey."),
     again: bool = typer.Option(False, "--again", help="Clean up again after 'incomplete' or 'complete'."),
     verify: bool = typer.Option(
         False,
@@ -192,7 +192,7 @@ def verdict_lines(found: dict[str, Any]) -> list[Text]:
 
 def sweep(
     plan: bool = typer.Option(False, "--plan", help="Find the orphans and revert nothing."),
-    module: str | None = typer.Option(None, "--module", help="Only this module."),
+    module: str | None = typer.Option(None, "--module", metavar="NAME", help="Only this module."),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
@@ -231,15 +231,23 @@ def forget(
     resource_id: int = typer.Argument(..., metavar="RESOURCE", help="The ledger row's id (see `run show`)."),
     reason: str = typer.Option(..., "--reason", help="Why it can never be reverted; kept in the audit log."),
     actor: str = typer.Option(os.environ.get("USER", "admin"), "--actor", help="Who is forgetting it."),
+    as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Admin: give up on a resource that can never be reverted (its module is gone for good)."""
+    """Admin: give up on a resource that can never be reverted (its module is gone for good).
+    With --json, the ledger row as it is now (abandoned), as the HTTP API answers."""
 
     async def work(ctx: Context) -> Any:
-        return await ctx.engine.cleanup.forget(resource_id, actor=actor, reason=reason)
+        await ctx.engine.cleanup.forget(resource_id, actor=actor, reason=reason)
+        return await ctx.store.get_resource(resource_id)  # as it is now, as the HTTP API answers
 
-    row = in_context(database_url, config, work)
+    row = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        from roadie import views
+
+        print_json(views.shown(views.Resource, row))
+        return
     console.print(f"resource {row.id} ({row.kind} {row.ref}) of run {row.run_id} is forgotten; audited")
 
 
@@ -266,10 +274,10 @@ def leases(
 
 
 def audit(
-    run_id: int | None = typer.Option(None, "--run", help="Only entries about this run."),
+    run_id: int | None = typer.Option(None, "--run", metavar="RUN", help="Only entries about this run."),
     actor: str | None = typer.Option(None, "--actor", help="Only entries by this token's name (or `cli`)."),
     action: str | None = typer.Option(None, "--action", help="Only this action (run.start), or all under it (run)."),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    limit: int = typer.Option(50, "--limit", metavar="N", min=1, max=1000),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,

@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from roadie.cli.help import Group
 from roadie.errors import (
     ConfigError,
     DefinitionError,
@@ -58,7 +59,7 @@ err = make_console(stderr=True)
 def group(help: str) -> typer.Typer:
     """A group of commands (`roadie run ...`), with help as Click prints it: flags shown as
     flags, and text printed as written."""
-    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+    return typer.Typer(cls=Group, help=help, no_args_is_help=True, rich_markup_mode=None)
 
 
 def _or_given_before(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
@@ -73,12 +74,14 @@ def _or_given_before(ctx: typer.Context, param: typer.CallbackParam, value: str 
 DatabaseOption = typer.Option(
     None,
     "--database-url",
+    metavar="URL",
     callback=_or_given_before,
     help="Database URL (env ROADIE_DATABASE_URL; roadie.toml). Also taken before the command.",
 )
 ConfigOption = typer.Option(
     None,
     "--config",
+    metavar="FILE",
     callback=_or_given_before,
     help="Configuration file (default ./roadie.toml; env ROADIE_CONFIG). Also taken before the command.",
 )
@@ -110,6 +113,26 @@ def fail(messages: list[str], *, code: int = 1, kind: str = "error", as_json: bo
         for message in messages:
             err.print(Text.assemble(("error", "red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def name_values(given: list[str], flag: str) -> dict[str, str]:
+    """`NAME=VALUE` options (`-p count=3 -p region=yew`) as a dict. A name given twice is
+    a usage error naming it, not the last value silently kept: a list is one JSON value
+    (`-p waves='[3, 5]'`), so two values for one name are a mistake, not a list."""
+    found: dict[str, str] = {}
+    for pair in given:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise typer.BadParameter(f"{pair!r}: write {flag} NAME=VALUE", param_hint=flag)
+        if name in found:
+            raise typer.BadParameter(
+                f"{name!r} given twice ({name}={found[name]}, {name}={value}): give it once; "
+                f"a list is one JSON value, {name}='[...]'",
+                param_hint=flag,
+            )
+        found[name] = value
+    return found
 
 
 WEB_LIBRARIES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "itsdangerous", "python_multipart")

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from roadie.cli.common import ConfigOption, JsonOption, console, exit_code, fail, line, require_web
+from roadie.cli.common import ConfigOption, JsonOption, console, exit_code, fail, line, name_values, require_web
 from roadie.errors import RoadieError
 
 if TYPE_CHECKING:
@@ -40,24 +40,20 @@ RULE_NAMES = (
 
 
 def _pairs(values: list[str], flag: str, *, as_json: bool) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=flag)
-        if as_json:
+    found: dict[str, Any] = name_values(values, flag)
+    if as_json:
+        for name, value in found.items():
             try:
                 found[name] = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise typer.BadParameter(f"{name}: not JSON: {exc}", param_hint=flag) from None
-        else:
-            found[name] = value
     return found
 
 
 def conformance(
     url: str | None = typer.Argument(
         None,
+        metavar="URL",
         help="The module server's URL (with --pull: where to serve the work queue). Without it, --module "
         "names a module of roadie.toml (a console world) to check in this process against its live world.",
     ),
@@ -68,17 +64,25 @@ def conformance(
         help="The module's shared secret (env ROADIE_CONFORMANCE_SECRET).",
     ),
     as_json: bool = JsonOption,
-    target: list[str] = typer.Option([], "--target", help="LEASE=TARGET: the target to test a targeted lease on."),
-    params: list[str] = typer.Option([], "--params", help="ACTION=JSON: the params to test an action with."),
-    value: list[str] = typer.Option([], "--value", help="LEASE=JSON: the value to borrow while testing a lease."),
-    rule: list[str] = typer.Option([], "--rule", help=f"Only these rules ({', '.join(RULE_NAMES)})."),
+    target: list[str] = typer.Option(
+        [], "--target", metavar="LEASE=TARGET", help="The target to test a targeted lease on."
+    ),
+    params: list[str] = typer.Option([], "--params", metavar="ACTION=JSON", help="The params to test an action with."),
+    value: list[str] = typer.Option(
+        [], "--value", metavar="LEASE=JSON", help="The value to borrow while testing a lease."
+    ),
+    rule: list[str] = typer.Option([], "--rule", metavar="RULE", help=f"Only these rules ({', '.join(RULE_NAMES)})."),
     pull: bool = typer.Option(False, "--pull", help="Serve a work queue at URL and check the module that polls it."),
     module: str | None = typer.Option(
-        None, "--module", help="With --pull: the module's name. Without a URL: the module of roadie.toml to check."
+        None,
+        "--module",
+        metavar="NAME",
+        help="With --pull: the module's name. Without a URL: the module of roadie.toml to check.",
     ),
     timeout: float = typer.Option(
         30.0,
         "--timeout",
+        metavar="SECONDS",
         min=0.1,
         help="Seconds to wait for each answer; with --pull, also for the module to announce itself.",
     ),

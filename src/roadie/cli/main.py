@@ -1,7 +1,7 @@
 """`roadie`: the command line. Every command takes `--database-url` and `--config`.
 
 The commands live by group in the modules beside this one; this one builds the app from
-them, in the order `roadie --help` lists them.
+them, and says under which heading and in which order `roadie --help` lists them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from roadie.cli.catalogue import actions
 from roadie.cli.cleanup import audit, cleanup, forget, leases, sweep
 from roadie.cli.conformance import conformance, secret
 from roadie.cli.events import event_app
+from roadie.cli.help import Command, Group
 from roadie.cli.logs import configure_logging
 from roadie.cli.runs import run_app
 from roadie.cli.sandbox import demo, sandbox_app
@@ -25,7 +26,25 @@ from roadie.cli.web import serve, token_app
 from roadie.cli.webhooks import webhooks_app
 from roadie.cli.workers import gateway, init, worker, workers_list
 
+
+class Roadie(Group):
+    """`roadie --help` lists the commands as an operator meets them: setting up and running
+    an event, the services that carry runs out, looking and repairing, access, trying it
+    on the sandbox; then a module author's tools. A new command must be placed here
+    (tests/unit/test_cli_help.py)."""
+
+    sections = (
+        ("Run events", ("init", "event", "run", "cleanup")),
+        ("Serve", ("worker", "serve", "gateway")),
+        ("Look and repair", ("workers", "leases", "audit", "sweep", "forget")),
+        ("Access and notifications", ("token", "webhooks")),
+        ("Try it", ("demo", "sandbox")),
+        ("Write a module", ("actions", "conformance", "secret")),
+    )
+
+
 app = typer.Typer(
+    cls=Roadie,
     name="roadie",
     help="Run live events against a world other software owns, and take back down exactly what they changed.",
     no_args_is_help=True,
@@ -55,16 +74,18 @@ def main(
     database_url: str | None = typer.Option(
         None,
         "--database-url",
+        metavar="URL",
         help="Database URL for the command that follows, as its own --database-url (which wins) "
         "(env ROADIE_DATABASE_URL; roadie.toml).",
     ),
     config: str | None = typer.Option(
         None,
         "--config",
+        metavar="FILE",
         help="Configuration file for the command that follows, as its own --config (which wins) "
         "(default ./roadie.toml; env ROADIE_CONFIG).",
     ),
-    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    log_level: str = typer.Option("warning", "--log-level", metavar="LEVEL", help="debug, info, warning or error."),
     log_json: bool = typer.Option(False, "--log-json", help="Log as JSON lines on stderr."),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print Roadie's version and exit."
@@ -94,13 +115,16 @@ def _logged(command: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _log_every_command(group: typer.Typer) -> None:
+def _finish(group: typer.Typer) -> None:
+    """Every command sets logging up as it starts, and names its values in its help by
+    what they are (`help.Command`)."""
     for command in group.registered_commands:
+        command.cls = Command
         if command.callback is not None:
             command.callback = _logged(command.callback)
     for sub in group.registered_groups:
         if sub.typer_instance is not None:
-            _log_every_command(sub.typer_instance)
+            _finish(sub.typer_instance)
 
 
 app.command()(init)
@@ -117,7 +141,7 @@ app.command()(demo)
 app.add_typer(token_app, name="token")
 app.add_typer(webhooks_app, name="webhooks")
 app.command()(serve)
-_log_every_command(app)
+_finish(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,17 +23,17 @@ from roadie.cli.common import (
     clip,
     console,
     err,
-    fail,
     group,
     in_context,
     in_store,
     line,
     make_console,
+    name_values,
     print_json,
     styled,
 )
 from roadie.cli.events import apply_event
-from roadie.errors import PreflightRefused
+from roadie.errors import InvalidState, PreflightRefused
 from roadie.states import CleanupStatus, RunStatus
 
 if TYPE_CHECKING:
@@ -47,20 +47,16 @@ if TYPE_CHECKING:
 run_app = group("Runs: start, list, show, cancel.")
 
 
-def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"{pair!r}: write --param name=value")
-        params[name.strip()] = value
-    return params
-
-
 @run_app.command("start")
 def run_start(
     event: str = typer.Argument(..., metavar="EVENT", help="An applied event's id, or an event file (applied first)."),
-    param: list[str] = typer.Option([], "--param", "-p", help="A parameter, name=value; repeatable."),
+    param: list[str] = typer.Option(
+        [],
+        "--param",
+        "-p",
+        metavar="NAME=VALUE",
+        help="A parameter of the event; one -p for each (a list or a dict as JSON).",
+    ),
     wait: bool = typer.Option(
         False,
         "--wait",
@@ -89,7 +85,7 @@ def run_start(
     from roadie.engine import settled
     from roadie.runtime import freeze_heap
 
-    params = _parse_params(param)
+    params = name_values(param, "--param")
     left: Left | None = None
 
     async def work(ctx: Context) -> RunRow:
@@ -204,9 +200,9 @@ def _phase(run: RunRow) -> str:
 
 @run_app.command("list")
 def run_list(
-    status: str | None = typer.Option(None, "--status", help="Only runs in this state."),
+    status: str | None = typer.Option(None, "--status", metavar="STATE", help="Only runs in this state."),
     event: str | None = typer.Option(None, "--event", help="Only runs of this event."),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    limit: int = typer.Option(50, "--limit", metavar="N", min=1, max=1000),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
@@ -323,20 +319,25 @@ def run_show(
 @run_app.command("cancel")
 def run_cancel(
     run_id: int = typer.Argument(..., metavar="RUN", help="The run's id."),
+    as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
-    """Cancel a run: no new dispatches; in-flight steps answer; then cleanup per the event's policy."""
+    """Cancel a run: no new dispatches; in-flight steps answer; then cleanup per the event's
+    policy. Asking again is no error; a run that has already ended is (exit 1)."""
 
-    async def work(ctx: Context) -> RunRow | None:
-        await ctx.store.get_run(run_id)  # no such run: NotFound, said as such
-        cancelled = await ctx.engine.cancel_run(run_id, actor=os.environ.get("USER", "cli"))
-        return None if cancelled else await ctx.store.get_run(run_id)
+    async def work(ctx: Context) -> bool:
+        run = await ctx.store.get_run(run_id)  # no such run: NotFound, said as such
+        if await ctx.engine.cancel_run(run_id, actor=os.environ.get("USER", "cli")):
+            return False
+        run = await ctx.store.get_run(run_id)
+        if run.cancel_requested and not RunStatus(run.status).terminal:
+            return True
+        raise InvalidState(f"run {run_id} has already ended ({run.status}); nothing to cancel")
 
-    run = in_context(database_url, config, work)
-    if run is None:
-        console.print(f"run {run_id}: cancel requested")
-    elif run.cancel_requested and not RunStatus(run.status).terminal:
-        console.print(f"run {run_id}: cancel already requested")
+    already = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        # The HTTP API's answer to a cancel, and whether it had been asked for before.
+        print_json({"run_id": run_id, "cancel_requested": True, "already_requested": already})
     else:
-        fail([f"run {run_id} has already ended ({run.status}); nothing to cancel"])
+        console.print(f"run {run_id}: cancel {'already ' if already else ''}requested")

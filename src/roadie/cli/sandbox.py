@@ -22,7 +22,9 @@ def sandbox_show(
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
-    url: str | None = typer.Option(None, "--url", help="Read a `roadie sandbox serve` at this URL instead."),
+    url: str | None = typer.Option(
+        None, "--url", metavar="URL", help="Read a `roadie sandbox serve` at this URL instead."
+    ),
     secret: str | None = SecretOption,
 ) -> None:
     """The sandbox world's state: regions, settings, creatures, items, active buffs."""

@@ -42,17 +42,23 @@ def _fail(message: str) -> typer.Exit:
 
 def serve(
     port: int = typer.Option(7300, "--port", help="Port to listen on (0: any free port, printed when ready)."),
-    db: str = typer.Option(..., "--db", help="The world's SQLite file (created and seeded if new)."),
+    db: str = typer.Option(..., "--db", metavar="FILE", help="The world's SQLite file (created and seeded if new)."),
     secret: str | None = SecretOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
-    ledger: str | None = typer.Option(None, "--ledger", help="The key ledger's file (default: next to --db)."),
-    lose_answers: float = typer.Option(
-        0.0, "--lose-answers", help="Probability that a dispatch is carried out but its answer dropped."
+    ledger: str | None = typer.Option(
+        None, "--ledger", metavar="FILE", help="The key ledger's file (default: next to --db)."
     ),
-    fail_first: int = typer.Option(0, "--fail-first", help="The first N dispatches answer 503 before acting."),
-    delay: str = typer.Option("0s", "--delay", help="Wait this long before every call, e.g. 50ms."),
-    pull: str | None = typer.Option(None, "--pull", help="Poll this engine gateway instead of listening."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the --lose-answers dice."),
+    lose_answers: float = typer.Option(
+        0.0, "--lose-answers", metavar="P", help="Probability that a dispatch is carried out but its answer dropped."
+    ),
+    fail_first: int = typer.Option(
+        0, "--fail-first", metavar="N", help="The first N dispatches answer 503 before acting."
+    ),
+    delay: str = typer.Option("0s", "--delay", metavar="DURATION", help="Wait this long before every call, e.g. 50ms."),
+    pull: str | None = typer.Option(
+        None, "--pull", metavar="URL", help="Poll this engine gateway instead of listening."
+    ),
+    seed: int | None = typer.Option(None, "--seed", metavar="N", help="Seed of the --lose-answers dice."),
 ) -> None:
     """Serve the sandbox world over the remote protocol (push), or poll an engine (--pull)."""
     require_web("sandbox serve")

@@ -35,10 +35,13 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port to listen on."),
     no_worker: bool = typer.Option(False, "--no-worker", help="Serve only; leave the runs to `roadie worker`s."),
-    concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="The embedded worker's concurrency."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", metavar="N", min=1, help="The embedded worker's concurrency."
+    ),
     secret_key: str | None = typer.Option(
         None,
         "--secret-key",
+        metavar="KEY",
         envvar="ROADIE_SECRET_KEY",
         help="Signs session cookies (env ROADIE_SECRET_KEY). Default: random per process, so sessions end "
         "on restart; give every server behind one address the same key.",
@@ -47,6 +50,7 @@ def serve(
     max_body: int = typer.Option(
         1 << 20,
         "--max-body",
+        metavar="BYTES",
         min=1024,
         help="The largest request body in bytes (default 1 MiB); a larger one is refused with 413 before it "
         "is read. An event file's upload may take 4 MiB, or this if larger.",

@@ -33,8 +33,8 @@ webhooks_app = group("Notifications sent to the webhooks of roadie.toml ([[webho
 
 @webhooks_app.command("list")
 def list_deliveries(
-    run_id: int | None = typer.Option(None, "--run", help="Only what was sent about this run."),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    run_id: int | None = typer.Option(None, "--run", metavar="RUN", help="Only what was sent about this run."),
+    limit: int = typer.Option(50, "--limit", metavar="N", min=1, max=1000),
     as_json: bool = JsonOption,
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,

@@ -24,14 +24,21 @@ if TYPE_CHECKING:
     from roadie.runtime import Context
 
 
-def init(database_url: str | None = DatabaseOption, config: str | None = ConfigOption) -> None:
-    """Create or upgrade the database schema (migrations are also applied on every start)."""
+def init(
+    as_json: bool = JsonOption, database_url: str | None = DatabaseOption, config: str | None = ConfigOption
+) -> None:
+    """Create or upgrade the database schema (migrations are also applied on every start).
+    With --json, the database (its password as ***) and the schema's migration."""
     from roadie.store.dialects import redacted
+    from roadie.store.migrate import head
 
     async def work(ctx: Context) -> str:
         return ctx.settings.database_url
 
-    url = in_context(database_url, config, work)
+    url = in_context(database_url, config, work, as_json=as_json)
+    if as_json:
+        print_json({"database_url": redacted(url), "schema": head()})
+        return
     console.print(f"database ready: {redacted(url)}")
 
 
@@ -39,12 +46,14 @@ def worker(
     concurrency: int | None = typer.Option(
         None,
         "--concurrency",
+        metavar="N",
         min=1,
         help="Steps dispatched at once (default: engine.concurrency in roadie.toml, or 32).",
     ),
     claim_ttl: float | None = typer.Option(
         None,
         "--claim-ttl",
+        metavar="SECONDS",
         min=1.0,
         help="Seconds a claim lives without a heartbeat; a dead worker's work is taken over after this "
         "(default: engine.claim_ttl in roadie.toml, or 60).",
@@ -84,9 +93,15 @@ def gateway(
     port: int = typer.Option(7400, "--port", min=1, max=65535, help="Port to listen on."),
     no_worker: bool = typer.Option(False, "--no-worker", help="Serve the gateway only; run workers elsewhere."),
     visibility: float = typer.Option(
-        30.0, "--visibility", min=0.1, help="Seconds a pulled call stays hidden before it is handed out again."
+        30.0,
+        "--visibility",
+        metavar="SECONDS",
+        min=0.1,
+        help="Seconds a pulled call stays hidden before it is handed out again.",
     ),
-    concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="The embedded worker's concurrency."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", metavar="N", min=1, help="The embedded worker's concurrency."
+    ),
     database_url: str | None = DatabaseOption,
     config: str | None = ConfigOption,
 ) -> None:
