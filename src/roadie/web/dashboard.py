@@ -288,7 +288,6 @@ async def runs_page(
         upload_errors=None,
         upload_source="",
         upload_checked=None,
-        start_error=None,
     )
 
 
@@ -502,15 +501,10 @@ async def _runs_refused(
     upload_errors: list[str] | None = None,
     upload_source: str = "",
     upload_checked: str | None = None,
-    start_error: str | None = None,
-    start_event: str | None = None,
-    start_params: str = "",
-    start_refused: bool = False,
     status_code: int = 422,
 ) -> Response:
-    """The runs page again, 422, with why an upload or a start was refused, and what was
-    typed kept in its form (200 with what a check found; 409, with the box that starts it
-    anyway, when pre-flight refused the start)."""
+    """The runs page again, 422, with why an upload was refused and what was typed kept in
+    its form (200 with what a check found)."""
     state = state_of(request)
     events = await state.store.list_events()
     runs = await state.store.list_runs(limit=50)
@@ -518,7 +512,7 @@ async def _runs_refused(
         request,
         "runs.html",
         who,
-        status_code=409 if start_refused else status_code,
+        status_code=status_code,
         runs=runs,
         events=events,
         states=STATES,
@@ -530,47 +524,16 @@ async def _runs_refused(
         upload_errors=upload_errors,
         upload_source=upload_source,
         upload_checked=upload_checked,
-        start_error=start_error,
-        start_event=start_event,
-        start_params=start_params,
-        start_refused=start_refused,
     )
 
 
-def _parse_params(text: str) -> dict[str, Any]:
-    """`name=value` per line, as `roadie run start -p` takes them."""
-    params: dict[str, Any] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        name, sep, value = line.partition("=")
-        if not sep or not name.strip():
-            raise DefinitionError(
-                [Problem("params", None, "params", f"{line.strip()!r}: write one name=value per line")]
-            )
-        params[name.strip()] = value.strip()
-    return params
-
-
-@router.post("/runs", response_class=HTMLResponse)
-async def start_run(
-    request: Request,
-    who: Operator,
-    event: Annotated[str, Form(max_length=100)],
-    params: Annotated[str, Form(max_length=10_000)] = "",
-    force: Annotated[bool, Form()] = False,
+@router.get("/start")
+async def start_chooser(
+    request: Request, who: Operator, event: Annotated[str, Query(max_length=100, pattern="^[a-z0-9_.-]+$")]
 ) -> Response:
-    state = state_of(request)
-    try:
-        run = await service.start_run(state, event, _parse_params(params), who.actor, force=force)
-    except PreflightRefused as exc:
-        message = exc.saying("Ticking the box below").message
-        return await _runs_refused(
-            request, who, start_error=message, start_event=event, start_params=params, start_refused=True
-        )
-    except RoadieError as exc:
-        return await _runs_refused(request, who, start_error=exc.message, start_event=event, start_params=params)
-    return _back(f"/runs/{run.id}")
+    """The Runs page's "Start a run": on to the chosen event's own start form, which has a
+    field per param, the preview and pre-flight (the page's one way to start a run)."""
+    return _back(f"/events/{event}#start")
 
 
 async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:
