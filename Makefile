@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos lint bench clean chromium pgbouncer netns luanti consoles constraints sdk
+.PHONY: demo test chaos lint bench clean chromium pgbouncer netns luanti consoles constraints sdk editor-bundle
 
 # The versions in constraints.txt are those the suite last passed with.
 $(STAMP): pyproject.toml constraints.txt
@@ -105,6 +105,13 @@ chaos: $(STAMP) netns
 # server's module server, without the engine's libraries.
 sdk: $(STAMP)
 	$(BIN)/python sdk/build.py --out dist
+
+# The event editor's CodeMirror 6, one file served by Roadie itself (nothing from a CDN):
+# src/roadie/web/static/vendor/codemirror.min.js and the licences of what it holds, built
+# by esbuild at the versions of editor/package-lock.json. The built file is committed, so
+# running Roadie needs no Node.js; only rebuilding it (after changing editor/) does.
+editor-bundle:
+	cd editor && npm ci --no-audit --no-fund && node build.mjs
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks sdk

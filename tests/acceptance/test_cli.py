@@ -122,6 +122,17 @@ def test_init_cancel_and_forget_answer_json_for_scripts(workdir: Path) -> None:
     assert (forgotten["id"], forgotten["state"], forgotten["run_id"]) == (creature["id"], "abandoned", ended)
 
 
+def test_a_yaml_mistake_is_said_in_words_at_its_line(workdir: Path) -> None:
+    """An indentation slip is said as the mistake it is, at its line, with its field, not
+    in the parser's words ("expected <block end>, but found '<block mapping start>'")."""
+    slipped = QUICK_EVENT.replace("        name: raiders", "       name: raiders")
+    (workdir / "slipped.yaml").write_text(slipped)
+    code, out = roadie("event", "validate", "slipped.yaml")
+    assert code == 65
+    assert "slipped.yaml:17: phases[1].steps[0].name: invalid YAML: this line is indented 7 spaces" in out
+    assert "<block" not in out
+
+
 def test_bad_step_parameters_are_refused_at_validation(workdir: Path) -> None:
     """A `with:` that does not fit the action's schema is refused before anything runs."""
     (workdir / "bad.yaml").write_text(QUICK_EVENT.replace('count: "{{ count }}"', "count: lots"))

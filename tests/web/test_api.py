@@ -566,12 +566,19 @@ def test_an_event_file_is_checked_without_being_stored(site: Site) -> None:
     )
     assert checked.status_code == 200, checked.text
     assert checked.json() | {"message": ""} == {
-        "event_id": "quick-raid", "phases": 2, "steps": 3, "version": 1, "message": ""
+        "event_id": "quick-raid", "phases": 2, "steps": 3, "version": 1, "current": 0, "message": "", "changes": []
     }  # fmt: skip
     assert site.get("/api/v1/events").json() == []
     site.upload(QUICK)
+    # The same event again would make no new version (the store answers the newest), and
+    # the check says so; a changed one would make version 2, and says what it changes.
     again = site.post("/api/v1/events/check", content=QUICK.encode(), headers={"content-type": "text/plain"})
-    assert again.json()["version"] == 2
+    assert (again.json()["version"], again.json()["current"], again.json()["changes"]) == (1, 1, [])
+    assert "the same event as version 1" in again.json()["message"]
+    changed = QUICK.replace("title: A quick raid", "title: A quicker raid")
+    other = site.post("/api/v1/events/check", content=changed.encode(), headers={"content-type": "text/plain"})
+    assert (other.json()["version"], other.json()["current"]) == (2, 1)
+    assert "+title: A quicker raid" in other.json()["changes"]
     bad = site.post("/api/v1/events/check?filename=bad.yaml", content=b"id: x\nphases: 3\n")
     assert bad.status_code == 422
     assert bad.json()["problems"][0]["source"] == "bad.yaml"

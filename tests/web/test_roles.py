@@ -181,15 +181,15 @@ def test_dashboard_sessions_need_csrf_and_the_right_role(site: Site) -> None:
 
     csrf = _login(site, "operator")
     assert site.client.get("/api/v1/me").json()["via"] == "session"
-    refused = site.client.post("/runs", data={"event": "quick-raid"}, follow_redirects=False)
+    refused = site.client.post("/events/quick-raid/runs", data={}, follow_redirects=False)
     assert refused.status_code == 403
-    forged = site.client.post("/runs", data={"event": "quick-raid", "csrf": "x" * 32}, follow_redirects=False)
+    forged = site.client.post("/events/quick-raid/runs", data={"csrf": "x" * 32}, follow_redirects=False)
     assert forged.status_code == 403
     api_without = site.client.post("/api/v1/runs", json={"event": "quick-raid"})
     assert api_without.status_code == 403
     assert "CSRF" in api_without.json()["error"]
     assert site.store_call(lambda s: s.list_runs()) == []
-    started = site.client.post("/runs", data={"event": "quick-raid", "csrf": csrf}, follow_redirects=False)
+    started = site.client.post("/events/quick-raid/runs", data={"csrf": csrf}, follow_redirects=False)
     assert started.status_code == 303
     assert started.headers["location"].startswith("/runs/")
     upload = site.client.post("/events", data={"source": QUICK, "csrf": csrf}, follow_redirects=False)
@@ -199,7 +199,7 @@ def test_dashboard_sessions_need_csrf_and_the_right_role(site: Site) -> None:
     assert site.client.get("/api/v1/me").status_code == 401
 
     csrf = _login(site, "viewer")
-    assert site.client.post("/runs", data={"event": "quick-raid", "csrf": csrf}).status_code == 403
+    assert site.client.post("/events/quick-raid/runs", data={"csrf": csrf}).status_code == 403
     assert len(site.store_call(lambda s: s.list_runs())) == 1
 
 
@@ -231,27 +231,32 @@ def test_a_token_revoked_by_another_process_stops_working_within_the_credentials
     assert site.client.get("/api/v1/me").status_code == 401
 
 
-def test_a_refused_upload_or_start_shows_the_runs_page_with_why(site: Site) -> None:
-    """A bad event file and an unknown event come back as the runs page, 422, saying what
-    was wrong, with the file's text kept in the form; nothing is stored."""
+def test_a_refused_upload_shows_the_runs_page_with_why(site: Site) -> None:
+    """A bad event file comes back as the runs page, 422, saying what was wrong, with the
+    file's text kept in the form; nothing is stored."""
     csrf = _login(site, "admin")
     bad = site.client.post("/events", data={"source": "id: x\nphases: 3\n", "csrf": csrf}, follow_redirects=False)
     assert bad.status_code == 422
     assert "phases" in bad.text
     assert "id: x" in bad.text
-    unknown = site.client.post("/runs", data={"event": "no-such-event", "csrf": csrf}, follow_redirects=False)
-    assert unknown.status_code == 422
-    assert "no-such-event" in unknown.text
     assert site.store_call(lambda s: s.list_events()) == []
-    assert site.store_call(lambda s: s.list_runs()) == []
-    site.upload(QUICK.replace("id: quick-raid", "id: a-raid"))  # listed before quick-raid
+
+
+def test_the_runs_page_starts_a_run_through_the_events_own_form(site: Site) -> None:
+    """Before: the Runs page had a second, blind start form (a text box of name=value
+    lines, one error at a time, no preview). Now it chooses the event and goes on to the
+    event's own form: a field per param, every problem beside its field, the preview."""
+    csrf = _login(site, "operator")
     site.upload(QUICK)
-    typed = {"event": "quick-raid", "params": "region=yew\ncount=0", "csrf": csrf}
-    refused = site.client.post("/runs", data=typed, follow_redirects=False)
-    assert refused.status_code == 422
-    assert "count" in refused.text
-    assert '<option value="quick-raid" selected>' in refused.text  # the event chosen stays chosen
-    assert "region=yew\ncount=0</textarea>" in refused.text  # and what was typed stays typed
+    page = site.client.get("/?event=quick-raid").text
+    assert '<form method="get" action="/start" id="start-run">' in page
+    assert '<option value="quick-raid" selected>quick-raid (v1) — A quick raid</option>' in page
+    assert 'name="params"' not in page
+    chosen = site.client.get("/start?event=quick-raid", follow_redirects=False)
+    assert (chosen.status_code, chosen.headers["location"]) == (303, "/events/quick-raid#start")
+    assert "param.region" in site.client.get("/events/quick-raid").text
+    assert site.client.post("/runs", data={"event": "quick-raid", "csrf": csrf}).status_code in (404, 405)
+    assert site.store_call(lambda s: s.list_runs()) == []
 
 
 def test_an_upload_says_which_version_it_stored(site: Site) -> None:
@@ -331,9 +336,6 @@ def test_the_start_form_refuses_a_run_whose_setting_is_held_and_offers_to_force_
     assert '<input type="checkbox" name="force" value="true" id="force">' in refused.text
     assert 'value="3"' in refused.text  # kept as typed
     assert len(site.store_call(lambda s: s.list_runs())) == 1
-    quick = site.client.post("/runs", data={"event": "quick-raid", "params": "region=yew", "csrf": csrf})
-    assert quick.status_code == 409  # the runs page's own start form, the same
-    assert 'name="force"' in quick.text
     started = site.client.post("/events/quick-raid/runs", data={**form, "force": "true"}, follow_redirects=False)
     assert started.status_code == 303
     [forced] = site.store_call(lambda s: s.list_audit(action="run.force"))
@@ -457,7 +459,7 @@ def test_the_refused_and_unknown_pages_have_the_sites_header_and_navigation(site
     site's navigation or the sign-out button, a dead end. Now they have both."""
     csrf = _login(site, "viewer")
     html = {"accept": "text/html"}
-    refused = site.client.post("/runs", data={"csrf": csrf, "event": "quick-raid"}, headers=html)
+    refused = site.client.post("/events/quick-raid/runs", data={"csrf": csrf}, headers=html)
     unknown = site.client.get("/nowhere/at/all", headers=html)
     for page, code in ((refused, 403), (unknown, 404)):
         assert page.status_code == code

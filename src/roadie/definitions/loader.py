@@ -44,6 +44,7 @@ from roadie.definitions.render import (
     within,
 )
 from roadie.definitions.sandbox import ENV
+from roadie.definitions.yaml_errors import explain
 from roadie.durations import parse_duration
 from roadie.errors import DefinitionError, Problem, UnknownAction
 from roadie.registry.module import Action
@@ -190,10 +191,8 @@ def _compose(text: str, source: str) -> tuple[Any, Lines, list[Problem]]:
         lines: Lines = {(): root.start_mark.line + 1}
         _map_lines(loader, root, (), lines, set())
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        what = " ".join(part for part in (exc.context, exc.problem) if part) or "cannot parse"
-        raise _Refused(Problem(source, line, "", f"invalid YAML: {what}")) from exc
+        said = explain(exc, text)
+        raise _Refused(Problem(source, said.line, said.field, said.message)) from exc
     except yaml.YAMLError as exc:
         raise _Refused(Problem(source, None, "", f"invalid YAML: {exc}")) from exc
     except RecursionError as exc:

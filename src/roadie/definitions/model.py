@@ -122,12 +122,16 @@ class RetryPolicy(_Strict):
 
 
 class StepDef(_Strict):
-    action: str
-    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
-    name: str | None = None
+    """One call of one action, inside a phase."""
+
+    action: str = Field(description="the action it calls, module.action (roadie actions lists them)")
+    with_: dict[str, Any] = Field(
+        default_factory=dict, alias="with", description="the action's parameters; a string may be a template"
+    )
+    name: str | None = Field(None, description="what staff call the step; the action's name if not given")
     retry: RetryPolicy = RetryPolicy()
     timeout: Duration = 30.0
-    on_error: OnError = OnError.FAIL
+    on_error: OnError = Field(OnError.FAIL, description="fail: the run fails with the step; continue: it goes on")
 
     @field_validator("action")
     @classmethod
@@ -138,6 +142,8 @@ class StepDef(_Strict):
 
 
 class PhaseDef(_Strict):
+    """Steps that run together; the next phase starts when every one of them has ended."""
+
     name: str = Field(min_length=1, max_length=100)
     after: Duration = 0.0
     steps: list[StepDef] = Field(min_length=1)
@@ -215,14 +221,19 @@ class ScheduleDef(_Strict):
 class EventDefinition(_Strict):
     """A validated event: what an operator wrote, before any parameter is substituted."""
 
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$")
+    id: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$",
+        description="the event's name; a new file of the same id is its next version",
+    )
     title: str = Field("", max_length=200)
     description: str = Field("", max_length=20_000)  # copied into every run's frozen definition
-    params: dict[str, ParamSpec] = Field(default_factory=dict)
-    duration: Duration = 0.0
-    cleanup: CleanupPolicy = CleanupPolicy.AUTO
+    params: dict[str, ParamSpec] = Field(default_factory=dict, description="the inputs a run is started with")
+    duration: Duration = Field(0.0, description="how long a run holds after its last phase before it ends")
+    cleanup: CleanupPolicy = Field(
+        CleanupPolicy.AUTO, description="auto: taken down when the run ends; manual: when someone cleans up"
+    )
     phases: list[PhaseDef] = Field(min_length=1)
-    schedule: ScheduleDef | None = None
+    schedule: ScheduleDef | None = Field(None, description="runs made by themselves: a cron expression or times")
 
     @field_validator("schedule")
     @classmethod

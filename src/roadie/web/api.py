@@ -54,6 +54,10 @@ EVENT_FILE: dict[str, Any] = {
     }
 }
 FILE_ERRORS = {**ERRORS, 422: {"model": schemas.ErrorBody, "description": "The file has mistakes."}}
+STORE_ERRORS = {
+    **FILE_ERRORS,
+    409: {"model": schemas.ErrorBody, "description": "The event moved on from `base_version`."},
+}
 
 # Row ids are 32-bit on every database; a larger one names no row, and is refused as such.
 RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -116,14 +120,25 @@ async def list_events(
     response_model=schemas.EventDetail,
     status_code=201,
     tags=["events"],
-    responses=FILE_ERRORS,
+    responses=STORE_ERRORS,
     openapi_extra=EVENT_FILE,
 )
-async def upload_event(request: Request, who: Admin, filename: str = Query("event.yaml", max_length=200)) -> Any:
+async def upload_event(
+    request: Request,
+    who: Admin,
+    filename: str = Query("event.yaml", max_length=200),
+    base_version: int | None = Query(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="Store only if the event's newest version is still this one (0: the event is new); "
+        "else 409. The version its changes were reviewed against (`/events/check` gives them).",
+    ),
+) -> Any:
     """Validate an event file and store it as the event's newest version (admin). Mistakes
     come back as `file:line: field: message`, one entry each in `problems`."""
     text = await _event_text(request, filename)
-    return await service.upload_event(state_of(request), text, filename, who.actor)
+    return await service.upload_event(state_of(request), text, filename, who.actor, base=base_version)
 
 
 @router.post(
@@ -135,7 +150,8 @@ async def upload_event(request: Request, who: Admin, filename: str = Query("even
 )
 async def check_event(request: Request, who: Admin, filename: str = Query("event.yaml", max_length=200)) -> Any:
     """Validate an event file as an upload would, and store nothing: what it would become
-    (its id, the version storing it would make), or its mistakes as an upload's (422)."""
+    (its id, the version storing it would make, what it changes from the newest version),
+    or its mistakes as an upload's (422). The site's editor asks this as staff type."""
     text = await _event_text(request, filename)
     return await service.check_event(state_of(request), text, filename)
 

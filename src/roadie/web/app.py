@@ -25,6 +25,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from roadie.definitions import schema as event_schema
 from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, StoreError
 from roadie.remote.gateway import gateway_router
 from roadie.runtime import Context, open_context
@@ -123,6 +124,12 @@ def create_app(options: WebOptions | None = None, *, opener: ContextOpener = _op
             return JSONResponse({"status": "ok", "worker": worker})
         body = {"status": "unavailable", "worker": worker, "database": watch.as_dict()}
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+    @app.get(event_schema.PATH, tags=["events"], response_class=Response)
+    async def event_file_schema() -> Response:
+        """The JSON Schema of an event file, made from the models: for an editor outside
+        Roadie (VS Code's YAML extension). No token needed: it says only the file format."""
+        return Response(event_schema.event_schema_json(), media_type="application/schema+json")
 
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics(request: Request) -> Response:

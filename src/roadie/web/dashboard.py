@@ -7,7 +7,6 @@ session's CSRF token; after a form the browser is redirected (POST, redirect, GE
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hmac
 import json
@@ -22,9 +21,10 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
 from roadie.definitions import EventDefinition
-from roadie.definitions.catalogue import catalogue
+from roadie.definitions.catalogue import LEASE_ACTION, catalogue, schema_of
+from roadie.definitions.schema import event_schema
 from roadie.engine.cleanup import describe
-from roadie.errors import DefinitionError, PreflightRefused, Problem, RoadieError
+from roadie.errors import DefinitionError, InvalidState, PreflightRefused, Problem, RoadieError
 from roadie.states import (
     CLEANUP_DUE,
     LAYER_KIND,
@@ -288,7 +288,6 @@ async def runs_page(
         upload_errors=None,
         upload_source="",
         upload_checked=None,
-        start_error=None,
     )
 
 
@@ -300,10 +299,23 @@ async def upload_event(
     filename: Annotated[str, Form(max_length=200)] = "event.yaml",
     file: Annotated[UploadFile | None, File()] = None,
     check: Annotated[str, Form(max_length=10)] = "",
+    editor: Annotated[str, Form(max_length=10)] = "",
+    base: Annotated[int | None, Form(ge=0, le=2**31 - 1)] = None,
 ) -> Response:
     """Store an event file, chosen (`file`) or pasted (`source`); with `check`, only say
-    whether it is valid and which version it would become, storing nothing."""
+    whether it is valid and which version it would become, storing nothing. From the
+    editor (`editor`), a refusal comes back in the editor, with the text as typed; `base`
+    is the version whose changes were shown (see `service.upload_event`)."""
     state = state_of(request)
+    if editor:
+        try:
+            stored = await service.upload_event(state, source, filename or "event.yaml", who.actor, base=base)
+        except (DefinitionError, InvalidState) as exc:
+            problems = exc.problems if isinstance(exc, DefinitionError) else [Problem(filename, None, "", exc.message)]
+            code = 422 if isinstance(exc, DefinitionError) else 409
+            shown = filename.removesuffix(".yaml") if base else ""
+            return _editor(request, who, source, filename, base, event_id=shown, problems=problems, status_code=code)
+        return _back(f"/events/{stored.event_id}?stored={stored.version}")
     try:
         if file is not None and file.filename:
             filename = file.filename
@@ -319,6 +331,66 @@ async def upload_event(
     except DefinitionError as exc:
         return await _runs_refused(request, who, upload_errors=[str(p) for p in exc.problems], upload_source=source)
     return _back(f"/events/{stored.event_id}?stored={stored.version}")
+
+
+@router.get("/editor", response_class=HTMLResponse)
+async def editor_page(
+    request: Request, who: Admin, event: Annotated[str, Query(max_length=100, pattern="^[a-z0-9_.-]*$")] = ""
+) -> Response:
+    """The event editor: an event's newest file (`?event=ID`) or a new one, checked by the
+    server as it is typed (`POST /api/v1/events/check`), with completion from the
+    catalogue; saving an event that exists shows what changes first."""
+    if not event:
+        return _editor(request, who, NEW_EVENT, "event.yaml", 0)
+    row = await state_of(request).store.get_event(event)
+    return _editor(request, who, row.source, f"{event}.yaml", row.version, event_id=event)
+
+
+NEW_EVENT = """\
+# yaml-language-server: $schema=/schema/event.json
+id: my-event
+title: My event
+params:
+  region: {type: str, default: britain}
+phases:
+  - name: first
+    steps:
+      - action: core.log
+        with: {message: "{{ event.title }} begins in {{ region }}"}
+"""
+
+
+def _editor(
+    request: Request,
+    who: Principal,
+    source: str,
+    filename: str,
+    base: int | None,
+    *,
+    event_id: str = "",
+    problems: list[Problem] | None = None,
+    status_code: int = 200,
+) -> Response:
+    """The editor page with `source` in it; `base` is the version it was opened from."""
+    registry = state_of(request).registry
+    lease = registry.action(LEASE_ACTION)
+    data = {
+        "modules": [m.as_dict() for m in catalogue(registry)],
+        "lease_action": {"id": lease.id, "description": lease.description, "schema": schema_of(lease)},
+        "event_schema": event_schema(),
+    }
+    return _render(
+        request,
+        "editor.html",
+        who,
+        status_code=status_code,
+        source=source,
+        filename=filename,
+        base=base,
+        event_id=event_id,
+        problems=problems or [],
+        editor_data=data,
+    )
 
 
 @router.get("/events", response_class=HTMLResponse)
@@ -357,15 +429,7 @@ async def _event_page(
     shown = next((v for v in versions if v.version == version), versions[0])
     earlier = next((v for v in versions if v.version < shown.version), None)
     changes = (
-        list(
-            difflib.unified_diff(
-                earlier.source.splitlines(),
-                shown.source.splitlines(),
-                f"v{earlier.version}",
-                f"v{shown.version}",
-                lineterm="",
-            )
-        )
+        service.source_changes(earlier.source, shown.source, f"v{earlier.version}", f"v{shown.version}")
         if earlier is not None
         else []
     )
@@ -437,15 +501,10 @@ async def _runs_refused(
     upload_errors: list[str] | None = None,
     upload_source: str = "",
     upload_checked: str | None = None,
-    start_error: str | None = None,
-    start_event: str | None = None,
-    start_params: str = "",
-    start_refused: bool = False,
     status_code: int = 422,
 ) -> Response:
-    """The runs page again, 422, with why an upload or a start was refused, and what was
-    typed kept in its form (200 with what a check found; 409, with the box that starts it
-    anyway, when pre-flight refused the start)."""
+    """The runs page again, 422, with why an upload was refused and what was typed kept in
+    its form (200 with what a check found)."""
     state = state_of(request)
     events = await state.store.list_events()
     runs = await state.store.list_runs(limit=50)
@@ -453,7 +512,7 @@ async def _runs_refused(
         request,
         "runs.html",
         who,
-        status_code=409 if start_refused else status_code,
+        status_code=status_code,
         runs=runs,
         events=events,
         states=STATES,
@@ -465,47 +524,16 @@ async def _runs_refused(
         upload_errors=upload_errors,
         upload_source=upload_source,
         upload_checked=upload_checked,
-        start_error=start_error,
-        start_event=start_event,
-        start_params=start_params,
-        start_refused=start_refused,
     )
 
 
-def _parse_params(text: str) -> dict[str, Any]:
-    """`name=value` per line, as `roadie run start -p` takes them."""
-    params: dict[str, Any] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        name, sep, value = line.partition("=")
-        if not sep or not name.strip():
-            raise DefinitionError(
-                [Problem("params", None, "params", f"{line.strip()!r}: write one name=value per line")]
-            )
-        params[name.strip()] = value.strip()
-    return params
-
-
-@router.post("/runs", response_class=HTMLResponse)
-async def start_run(
-    request: Request,
-    who: Operator,
-    event: Annotated[str, Form(max_length=100)],
-    params: Annotated[str, Form(max_length=10_000)] = "",
-    force: Annotated[bool, Form()] = False,
+@router.get("/start")
+async def start_chooser(
+    request: Request, who: Operator, event: Annotated[str, Query(max_length=100, pattern="^[a-z0-9_.-]+$")]
 ) -> Response:
-    state = state_of(request)
-    try:
-        run = await service.start_run(state, event, _parse_params(params), who.actor, force=force)
-    except PreflightRefused as exc:
-        message = exc.saying("Ticking the box below").message
-        return await _runs_refused(
-            request, who, start_error=message, start_event=event, start_params=params, start_refused=True
-        )
-    except RoadieError as exc:
-        return await _runs_refused(request, who, start_error=exc.message, start_event=event, start_params=params)
-    return _back(f"/runs/{run.id}")
+    """The Runs page's "Start a run": on to the chosen event's own start form, which has a
+    field per param, the preview and pre-flight (the page's one way to start a run)."""
+    return _back(f"/events/{event}#start")
 
 
 async def _run_context(request: Request, run_id: RowId) -> dict[str, Any]:

@@ -54,8 +54,14 @@ class EventCheck(Model):
     event_id: str
     phases: int
     steps: int
-    version: int = Field(description="the version storing it would make")
+    version: int = Field(
+        description="the version storing it would make (the newest, when it defines the same event as that one)"
+    )
+    current: int = Field(description="the event's newest stored version; 0 when the event is new")
     message: str
+    changes: list[str] = Field(
+        description="what it changes from the newest stored version, as a unified diff's lines; empty for a new event"
+    )
 
 
 class RunPage(Model):

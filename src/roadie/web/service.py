@@ -6,6 +6,7 @@ Each function is one operator action, with the same rules as its CLI command.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -37,10 +38,23 @@ def event_text(raw: bytes, filename: str) -> str:
         raise DefinitionError([Problem(filename, None, "", f"not UTF-8 text ({exc.reason})")]) from exc
 
 
-async def upload_event(state: WebState, text: str, source: str, actor: str) -> EventRow:
+async def upload_event(state: WebState, text: str, source: str, actor: str, *, base: int | None = None) -> EventRow:
     """Validate an event file's text as `roadie event apply` does and store it as the
-    event's newest version. A mistake raises `DefinitionError` naming file:line: field."""
+    event's newest version. A mistake raises `DefinitionError` naming file:line: field.
+
+    `base` is the version the writer saw the changes against (0: none, a new event):
+    when the event has moved on since, nothing is stored (`InvalidState`), so that what
+    they confirmed is what is stored over."""
     definition = load_definition(text, source, state.registry)
+    if base is not None:
+        newest = await _newest(state, definition.id)
+        now = newest.version if newest is not None else 0
+        if now != base:
+            said = f"version {base}" if base else "no version"
+            raise InvalidState(
+                f"event {definition.id} is at version {now} now, not {said} as when its changes were shown: "
+                "someone stored it meanwhile; review the changes again"
+            )
     return await state.store.create_event_version(
         definition.id,
         definition.title,
@@ -58,26 +72,48 @@ class CheckedEvent:
     event_id: str
     phases: int
     steps: int
-    version: int  # the version storing it would make
+    version: int  # the version storing it would make, or answer when it defines the same event
+    current: int  # the newest stored version; 0 for a new event
     message: str
+    changes: list[str]  # a unified diff from the newest stored version; empty for a new event
 
 
 async def check_event(state: WebState, text: str, source: str) -> CheckedEvent:
     """Validate an event file's text as `upload_event` would, storing nothing; answers what
-    storing it would do. A mistake raises `DefinitionError` naming file:line: field."""
+    storing it would do, and what it changes from the newest stored version. A mistake
+    raises `DefinitionError` naming file:line: field."""
     definition = load_definition(text, source, state.registry)
-    try:
-        stored = len(await state.store.list_event_versions(definition.id))
-    except NotFound:
-        stored = 0
+    newest = await _newest(state, definition.id)
+    stored = newest.version if newest is not None else 0
     steps = sum(len(phase.steps) for phase in definition.phases)
     phases = len(definition.phases)
+    # As the store decides: a file that defines the same event (a comment changed) makes
+    # no new version.
+    same = newest is not None and newest.definition == definition.model_dump(mode="json", by_alias=True)
+    would = (
+        f"it defines the same event as version {stored}, so storing it would make no new version"
+        if same
+        else f"storing it would make version {stored + 1}"
+    )
     message = (
         f"{source} is valid: event {definition.id}, {phases} phase{'s' if phases != 1 else ''} and "
-        f"{steps} step{'s' if steps != 1 else ''}; storing it would make version {stored + 1}. "
-        "Nothing was stored."
+        f"{steps} step{'s' if steps != 1 else ''}; {would}. Nothing was stored."
     )
-    return CheckedEvent(definition.id, phases, steps, stored + 1, message)
+    changes = source_changes(newest.source, text, f"v{stored}", "edited") if newest is not None else []
+    return CheckedEvent(definition.id, phases, steps, stored if same else stored + 1, stored, message, changes)
+
+
+def source_changes(before: str, after: str, before_name: str, after_name: str) -> list[str]:
+    """What changed from one event file's text to another's, as a unified diff's lines."""
+    lines = difflib.unified_diff(before.splitlines(), after.splitlines(), before_name, after_name, lineterm="")
+    return list(lines)
+
+
+async def _newest(state: WebState, event_id: str) -> EventRow | None:
+    try:
+        return await state.store.get_event(event_id)
+    except NotFound:
+        return None
 
 
 async def start_run(
