@@ -104,6 +104,7 @@ def test_the_minecraft_example_conforms_against_a_server_written_from_the_specif
         return {r.rule: f"{r.outcome} {r.detail}" for r in report.results}
 
     outcomes = asyncio.run(go())
+    assert outcomes.pop("fences") == "skip console modules keep no fence marks yet"
     assert all(o.startswith("pass") for o in outcomes.values()), outcomes
     assert outcomes["action mc.summon"].startswith("pass made 3")
     assert server.world() == before
