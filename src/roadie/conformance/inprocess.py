@@ -12,8 +12,7 @@ its reverts under newer ones, as the engine's claims would; and one more check, 
 sends a key's dispatch and revert under a fence lower than one the module accepted, which
 it must refuse with `Superseded` and nothing done. Lease writes go under fence 0 (no
 claim): the kit cannot learn the mark the engine's borrows left on a live target, and a
-fence of its own could be refused by it, or raise it above the engine's next. Console
-modules keep no marks yet, so the `fences` check is skipped for them.
+fence of its own could be refused by it, or raise it above the engine's next.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any
 
 from roadie.clock import Clock, SystemClock
 from roadie.conformance.report import Outcome, Report, RuleResult
-from roadie.consoles.module import ConsoleWorld
 from roadie.errors import Superseded
 from roadie.registry import (
     Answer,
@@ -188,8 +186,6 @@ class _Checker:
         """A ledger action's key, dispatched under fence N: a dispatch and a revert under N-1
         raise Superseded and do nothing, a dispatch under N gets the same answer; then a
         revert under N+1 takes it down."""
-        if isinstance(self.state, ConsoleWorld):
-            return Outcome.SKIP, "console modules keep no fence marks yet"
         ledger = [a for a in module.actions.values() if a.reversible is Reversible.LEDGER]
         if not ledger:
             return Outcome.SKIP, "no ledger action to dispatch under a fence"
