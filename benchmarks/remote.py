@@ -123,7 +123,7 @@ async def _latency(url: str, calls: int, home: Path) -> Latency:
             started = time.perf_counter()
             raw = json.dumps(
                 {"action": "broadcast", "run_id": 1, "step_id": i, "idempotency_key": bkey, "attempt": 1,
-                 "params": {"message": f"hello {i}"}}
+                 "params": {"message": f"hello {i}"}, "fence": 1}
             ).encode()  # fmt: skip
             timestamp = str(int(time.time()))
             request_id = f"msg_{os.getpid()}_{i}"
@@ -174,7 +174,7 @@ async def _bare_fan_out(url: str, steps: int, concurrency: int, tag: str, client
                 key = f"bare-{tag}-{i}"
                 raw = json.dumps(
                     {"action": "spawn", "run_id": 1, "step_id": i, "idempotency_key": key, "attempt": 1,
-                     "params": {"kind": "orc", "region": "britain", "count": 1}}
+                     "params": {"kind": "orc", "region": "britain", "count": 1}, "fence": 1}
                 ).encode()  # fmt: skip
                 headers = protocol.sign(SECRET, "POST", protocol.DISPATCH, raw, key=key)
                 for attempt in range(3):

@@ -190,3 +190,24 @@ def test_pull_mode_fails_a_module_that_acts_on_a_forged_poll_answer(
     assert signature.outcome is Outcome.FAIL, outcomes(report)
     assert f"carried out a call from a poll answer that was {forged}" in signature.detail
     assert report.result("cleanup").outcome is Outcome.PASS, outcomes(report)
+
+
+def test_the_kit_sends_fences_and_takes_a_lease_targets_mark_without_raising_it(tmp_path: Path) -> None:
+    """A live module whose lease targets carry marks from the engine's borrows (here 500 on
+    weather#britain, 40 on xp_rate): the kit's lease writes take the mark the 412 tells
+    (an equal fence is accepted), every rule passes, and the marks are what they were."""
+
+    async def go() -> tuple[Report, dict[str, int | None]]:
+        server = sandbox_server(tmp_path)
+        async with serving(server.app(), server) as transport:
+            assert server.ledger.begin_apply("engine-1", "weather", "britain", 1, fence=500).run
+            assert server.ledger.begin_apply("engine-2", "xp_rate", None, 1, fence=40).run
+            options = ConformanceOptions(http_transport=transport, targets=TARGETS)
+            report = await run_conformance(URL, SECRET, options=options)
+            marks = {t: server.ledger.mark("lease", t) for t in ("weather#britain", "xp_rate", "motd")}
+            return report, marks
+
+    report, marks = asyncio.run(go())
+    assert report.ok, outcomes(report)
+    assert "apply under 499 after 500: 412" in report.result("stale_fence").detail
+    assert marks == {"weather#britain": 500, "xp_rate": 40, "motd": 2}

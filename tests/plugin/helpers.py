@@ -31,14 +31,26 @@ def raw(body: Any) -> bytes:
     return body if isinstance(body, bytes) else json.dumps(body).encode()
 
 
-def dispatch_body(key: str, action: str = "spawn", *, attempt: int = 1, **params: Any) -> dict[str, Any]:
+def dispatch_body(
+    key: str, action: str = "spawn", *, attempt: int = 1, fence: int = 1, **params: Any
+) -> dict[str, Any]:
     if action == "spawn" and not params:
         params = {"kind": "orc", "region": "britain", "count": 2}
-    return {"action": action, "run_id": 1, "step_id": 1, "idempotency_key": key, "attempt": attempt, "params": params}
+    return {
+        "action": action,
+        "run_id": 1,
+        "step_id": 1,
+        "idempotency_key": key,
+        "attempt": attempt,
+        "params": params,
+        "fence": fence,
+    }
 
 
-def revert_body(key: str, action: str = "spawn", resources: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"action": action, "run_id": 1, "idempotency_key": key, "resources": resources or []}
+def revert_body(
+    key: str, action: str = "spawn", resources: list[dict[str, Any]] | None = None, *, fence: int = 1
+) -> dict[str, Any]:
+    return {"action": action, "run_id": 1, "idempotency_key": key, "resources": resources or [], "fence": fence}
 
 
 class Served:

@@ -22,8 +22,12 @@ from tests.plugin.helpers import Served
 from tests.plugin.test_pull import ENGINE, FakeGateway
 
 
-def lease_body(key: str, value: Any = None, *, target: str = "britain", run_id: int = 7) -> dict[str, Any]:
-    return {"lease": "weather", "target": target, "run_id": run_id, "idempotency_key": key, "value": value}
+def lease_body(
+    key: str, value: Any = None, *, target: str = "britain", run_id: int = 7, fence: int = 1
+) -> dict[str, Any]:
+    """A lease call's body; a read sends the fence too, which the module ignores."""
+    body = {"lease": "weather", "target": target, "run_id": run_id, "idempotency_key": key, "value": value}
+    return {**body, "fence": fence}
 
 
 def test_a_stale_apply_after_its_restore_does_not_change_the_world_push(tmp_path: Path) -> None:

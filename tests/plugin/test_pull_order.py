@@ -56,7 +56,7 @@ async def _write(call: LeaseCall, value: Any) -> None:
 
 
 def lease_body(key: str, value: Any = None, *, target: str = "britain") -> dict[str, Any]:
-    return {"lease": "weather", "target": target, "run_id": 7, "idempotency_key": key, "value": value}
+    return {"lease": "weather", "target": target, "run_id": 7, "idempotency_key": key, "value": value, "fence": 1}
 
 
 def test_an_apply_and_its_restore_in_one_batch_run_in_queue_order(tmp_path: Path) -> None:

@@ -275,7 +275,14 @@ def test_lease_read_apply_restore(tmp_path: Path) -> None:
             def lease(name: str, target: str | None = None, value: object = None) -> dict[str, object]:
                 # A key names one borrow: each lease is borrowed under a key of its own.
                 key = f"lk-{name}"
-                return {"lease": name, "target": target, "run_id": 1, "idempotency_key": key, "value": value}
+                return {
+                    "lease": name,
+                    "target": target,
+                    "run_id": 1,
+                    "idempotency_key": key,
+                    "value": value,
+                    "fence": 1,
+                }
 
             read = await s.post(protocol.LEASE_READ, lease("weather", "britain"))
             assert read.status_code == 200

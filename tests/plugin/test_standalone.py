@@ -79,7 +79,7 @@ async def main(home):
             assert got.status_code == 200, got.text
             assert [a["name"] for a in got.json()["actions"]] == ["light"], got.text
             body = json.dumps({"action": "light", "run_id": 1, "step_id": 1, "idempotency_key": "k1",
-                               "attempt": 1, "params": {"room": "hall"}}).encode()
+                               "attempt": 1, "params": {"room": "hall"}, "fence": 1}).encode()
             headers = protocol.sign("s", "POST", protocol.DISPATCH, body, key="k1")
             got = await http.post(protocol.DISPATCH, content=body, headers=headers)
             assert got.status_code == 200, got.text

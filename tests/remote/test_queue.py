@@ -18,7 +18,7 @@ from roadie.store.queue import QueueStore
 from tests.conftest import Harness
 
 SECRET = "s3cret-for-tests"
-BODY = {"action": "spawn", "run_id": 1, "step_id": 2, "idempotency_key": "k-1", "attempt": 1, "params": {}}
+BODY = {"action": "spawn", "run_id": 1, "step_id": 2, "idempotency_key": "k-1", "attempt": 1, "params": {}, "fence": 1}
 
 
 def test_a_call_is_handed_out_once_per_visibility(harness: Harness) -> None:

@@ -22,7 +22,7 @@ from roadie.store.queue import QueueStore
 from tests.conftest import Harness
 
 SECRET = "s3cret-for-tests"
-BODY = {"action": "spawn", "run_id": 1, "step_id": 2, "idempotency_key": "k-1", "attempt": 1, "params": {}}
+BODY = {"action": "spawn", "run_id": 1, "step_id": 2, "idempotency_key": "k-1", "attempt": 1, "params": {}, "fence": 1}
 
 
 def _signed(path: str, body: dict[str, Any], *, tokens: bool = False) -> dict[str, Any]:
@@ -165,7 +165,10 @@ def test_a_queued_call_nobody_takes_ends_at_its_deadline_and_is_withdrawn(harnes
 
     async def body() -> None:
         queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=0.01)
-        restore = {"lease": "weather", "target": "britain", "run_id": 7, "idempotency_key": "restore-7-12"}
+        restore = {
+            "lease": "weather", "target": "britain", "run_id": 7, "idempotency_key": "restore-7-12", "value": "clear",
+            "fence": 1,
+        }  # fmt: skip
         started = harness.clock.now()
         with pytest.raises(StepTimeout) as raised:
             await harness.drive(queue.submit("lua", "lease.restore", "restore-7-12", restore), limit=300)

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from roadie.clock import FakeClock
-from roadie.errors import AnswerLost, PermanentError, RetryableError
+from roadie.errors import AnswerLost, PermanentError, RetryableError, Superseded
 from roadie.modules.sandbox import BuffParams, SandboxWorld, WorldCrashed, module, open_world
 from roadie.registry.module import (
     Answer,
@@ -37,7 +37,7 @@ class Env:
         self.base_dir = str(tmp_path)
         self.world: SandboxWorld = module.setup_fn(ModuleConfig({"db": "world.db"}, clock, self.base_dir))
 
-    def dispatch(self, action: str, key: str, **params: Any) -> Answer:
+    def dispatch(self, action: str, key: str, *, fence: int = 0, **params: Any) -> Answer:
         act = module.actions[action]
         call = Call(
             run_id=1,
@@ -47,25 +47,28 @@ class Env:
             params=act.params.model_validate(params),
             state=self.world,
             clock=self.clock,
+            fence=fence,
         )
         answer = asyncio.run(act.call(call))
         assert isinstance(answer, Answer)
         return answer
 
-    def revert(self, action: str, key: str, resources: list[Resource]) -> Any:
+    def revert(self, action: str, key: str, resources: list[Resource], *, fence: int = 0) -> Any:
         revert_fn = module.actions[action].revert_fn
         assert revert_fn is not None
-        call = RevertCall(run_id=1, idempotency_key=key, resources=resources, state=self.world, clock=self.clock)
+        call = RevertCall(
+            run_id=1, idempotency_key=key, resources=resources, state=self.world, clock=self.clock, fence=fence
+        )
         return asyncio.run(maybe_await(revert_fn(call)))
 
     def read(self, lease: str, target: str | None = None) -> Any:
         call = LeaseCall(f"sandbox.{lease}", target, self.world, self.clock)
         return asyncio.run(maybe_await(module.leases[lease].read_fn(call)))
 
-    def write(self, lease: str, value: Any, target: str | None = None) -> None:
+    def write(self, lease: str, value: Any, target: str | None = None, *, fence: int = 0) -> None:
         write_fn = module.leases[lease].write_fn
         assert write_fn is not None
-        call = LeaseCall(f"sandbox.{lease}", target, self.world, self.clock)
+        call = LeaseCall(f"sandbox.{lease}", target, self.world, self.clock, fence=fence)
         asyncio.run(maybe_await(write_fn(call, value)))
 
 
@@ -340,6 +343,109 @@ def test_xp_rate_lease_reads_and_writes_a_float(env: Env) -> None:
         env.write("xp_rate", True)
     with pytest.raises(PermanentError):
         env.write("xp_rate", "fast")
+
+
+# -- fences -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["spawn", "place_item", "broadcast", "buff"])
+def test_a_dispatch_under_a_lower_fence_is_superseded_and_does_nothing(env: Env, action: str) -> None:
+    """Each action, dispatched under fence 5, refuses a copy under fence 4 with Superseded
+    (its stored answer is not replayed) and does nothing more; an equal fence (a retry)
+    gets the stored answer; a higher one too, and it raises the mark."""
+    params = {
+        "spawn": {"kind": "orc", "region": "yew", "count": 2},
+        "place_item": {"kind": "chest", "region": "yew"},
+        "broadcast": {"message": "hello"},
+        "buff": {"name": "haste", "region": "yew", "duration": 60},
+    }[action]
+    first = env.dispatch(action, "k", fence=5, **params)
+    effects = env.world.effects()
+    with pytest.raises(Superseded):
+        env.dispatch(action, "k", fence=4, **params)
+    assert env.world.effects() == effects
+    assert env.dispatch(action, "k", fence=5, **params) == first
+    assert env.dispatch(action, "k", fence=6, **params) == first
+    assert env.world.fences() == {("key", "k"): 6}
+    with pytest.raises(Superseded):
+        env.dispatch(action, "k", fence=5, **params)
+    assert env.world.effects() == effects
+
+
+def test_fence_0_is_never_refused_and_raises_no_mark(env: Env) -> None:
+    """A call no claim stands behind (fence 0: a test, a conformance check in process)."""
+    answer = env.dispatch("spawn", "k", fence=3, kind="orc", region="yew")
+    assert env.dispatch("spawn", "k", kind="orc", region="yew") == answer
+    env.write("weather", "storm", "yew")
+    assert env.world.fences() == {("key", "k"): 3}
+
+
+def test_a_revert_under_a_lower_fence_removes_nothing(env: Env) -> None:
+    """A revert, with resources or by key alone, under a fence below the key's mark is
+    refused and removes nothing; the cleanup holding a newer fence reverts it."""
+    answer = env.dispatch("spawn", "k", fence=8, kind="orc", region="yew", count=2)
+    before = env.world.snapshot()
+    with pytest.raises(Superseded):
+        env.revert("spawn", "k", resources(answer), fence=7)
+    with pytest.raises(Superseded):
+        env.revert("spawn", "k", [], fence=7)
+    with pytest.raises(Superseded):
+        env.revert("spawn", "k", [Resource("dragon", "0x1")], fence=7)
+    assert env.world.snapshot() == before
+    assert env.revert("spawn", "k", resources(answer), fence=9) is None
+    assert env.world.snapshot()["creatures"] == {}
+    with pytest.raises(Superseded):
+        env.world.remove_creature(resources(answer)[0].ref, "k", fence=8)
+
+
+def test_a_lease_write_under_a_lower_fence_leaves_the_value(env: Env) -> None:
+    """Lease writes are fenced per target (a region's weather, a setting): a borrow's apply
+    or a restore under a fence below the target's mark writes nothing."""
+    env.write("weather", "storm", "britain", fence=3)
+    with pytest.raises(Superseded):
+        env.write("weather", "clear", "britain", fence=2)
+    assert env.read("weather", "britain") == "storm"
+    env.write("weather", "fog", "yew", fence=1)  # another target
+    env.write("weather", "clear", "britain", fence=3)  # the same owner's restore
+    env.write("xp_rate", 2.0, fence=10)
+    with pytest.raises(Superseded):
+        env.write("xp_rate", 1.0, fence=9)
+    with pytest.raises(Superseded):
+        env.world.set_setting("xp_rate", 1.0, fence=4)
+    assert (env.read("weather", "britain"), env.read("weather", "yew"), env.read("xp_rate")) == ("clear", "fog", 2.0)
+    assert env.world.fences() == {
+        ("lease", "weather#britain"): 3,
+        ("lease", "weather#yew"): 1,
+        ("lease", "xp_rate"): 10,
+    }
+
+
+def test_a_superseded_call_consumes_no_knob(env: Env) -> None:
+    """A refused call is not the call a knob was aimed at."""
+    env.dispatch("spawn", "k", fence=5, kind="orc", region="yew")
+    env.world.lose_next(1)
+    with pytest.raises(Superseded):
+        env.dispatch("spawn", "k", fence=4, kind="orc", region="yew")
+    assert [f["kind"] for f in env.world.pending_faults()] == ["lose"]
+
+
+def test_a_world_file_of_schema_1_gets_the_marks_table(tmp_path: Path, clock: FakeClock) -> None:
+    """A file made before fences (schema 1, no marks table) is opened as it is, with its
+    world, and takes fences from then on; it says schema 2 after."""
+    path = tmp_path / "v1.db"
+    with open_world(str(path), clock) as world:
+        world.spawn("k-old", "orc", "yew", 1)
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE fences")
+        db.execute("UPDATE meta SET value = '1' WHERE name = 'schema'")
+    with open_world(str(path), clock) as world:
+        assert len(world.snapshot()["creatures"]) == 1
+        world.spawn("k-old", "orc", "yew", 1, fence=2)
+        with pytest.raises(Superseded):
+            world.spawn("k-old", "orc", "yew", 1, fence=1)
+        assert len(world.snapshot()["creatures"]) == 1
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone() == ("2",)
 
 
 # -- fault knobs --------------------------------------------------------------------------

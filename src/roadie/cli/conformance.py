@@ -35,6 +35,7 @@ RULE_NAMES = (
     "lease_restore",
     "lease_late_apply",
     "lease_layers",
+    "stale_fence",
     "cleanup",
 )
 

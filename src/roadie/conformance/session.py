@@ -3,6 +3,15 @@
 The `Session` talks to the module only through a `Transport`, retries what the engine
 would retry under the same key, and remembers every key it dispatched and every value it
 borrowed, so that the last rule can take all of it back down.
+
+It sends every call that changes the world under a fence, as the engine does
+(docs/protocol.md §4, rule 7): a key's dispatches under one fence minted for it (a retry
+is the same claim), each revert under a newer one (a cleanup's claim comes later). A lease
+target's writes all go under one fence per target: 2 (so that the stale-fence rule has a
+lower one to send), or, when the module already holds a higher mark for that target (a
+live world the engine has borrowed from), that mark, which it learns from the 412. It
+never raises a lease target's mark above what it found there, so the engine's next
+borrow is not refused because the kit was run.
 """
 
 from __future__ import annotations
@@ -28,6 +37,11 @@ BACKOFF = 0.05
 
 MAX_KIND = 64
 MAX_REF = 190
+
+# A lease target's fence when the module holds no higher mark: one above the lowest fence
+# there is, so that the stale-fence rule can send a lower one.
+LEASE_FENCE = 2
+WRITES: frozenset[Kind] = frozenset({"dispatch", "revert", "lease.apply", "lease.restore"})
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,9 @@ class Session:
         self.gone: list[tuple[str, list[dict[str, Any]]]] = []  # reverted by key: (key, resources)
         self.borrowed: dict[tuple[str, str | None], Any] = {}  # (lease, target) -> the value to restore
         self.kinds: set[str] = set()
+        self._fence = 1  # the first minted is 2: a stale fence below any of them is still a fence
+        self.key_fences: dict[str, int] = {}  # the fence of each key's last claim
+        self.lease_fences: dict[str, int] = {}  # per lease target (`lease#target`)
 
     # -- keys and calls -------------------------------------------------------------
 
@@ -120,8 +137,70 @@ class Session:
         self._counter += 1
         return f"roadie-conformance-{self.tag}-{label}-{self._counter}"
 
+    # -- fences ---------------------------------------------------------------------
+
+    def mint_fence(self) -> int:
+        """A fence higher than every one this session sent before."""
+        self._fence += 1
+        return self._fence
+
+    def key_fence(self, key: str) -> int:
+        """The fence `key`'s dispatches are sent under: minted at its first."""
+        if key not in self.key_fences:
+            self.key_fences[key] = self.mint_fence()
+        return self.key_fences[key]
+
+    def revert_fence(self, key: str) -> int:
+        """A new claim, newer than the key's last: a cleanup's."""
+        self.key_fences[key] = fence = self.mint_fence()
+        return fence
+
+    def lease_fence(self, lease: str, target: str | None) -> int:
+        """The fence of every write of the kit's to a lease target (see the module's doc)."""
+        return self.lease_fence_of(protocol.lease_fence_target(lease, target))
+
+    def fenced(self, kind: Kind, body: Any) -> Any:
+        """`body` with the fence it is sent under, unless it names one already."""
+        if kind not in WRITES or not isinstance(body, dict) or "fence" in body:
+            return body
+        key = body.get("idempotency_key")
+        if kind == "dispatch":
+            fence = self.key_fence(str(key))
+        elif kind == "revert":
+            fence = self.revert_fence(str(key))
+        else:
+            fence = self.lease_fence(str(body.get("lease")), body.get("target"))
+        return {**body, "fence": fence}
+
+    def _learn_mark(self, kind: Kind, body: Any, status: int, answer: Any) -> bool:
+        """A lease write of ours refused as superseded by a mark the module held before this
+        session: take that mark as the target's fence (an equal fence is accepted)."""
+        if kind not in ("lease.apply", "lease.restore") or not protocol.is_superseded(status, answer):
+            return False
+        mark = answer["error"].get("fence")
+        target = protocol.lease_fence_target(str(body.get("lease")), body.get("target"))
+        if not isinstance(mark, int) or isinstance(mark, bool) or mark <= self.lease_fence_of(target):
+            return False
+        self.lease_fences[target] = mark
+        return True
+
+    def lease_fence_of(self, target: str) -> int:
+        return self.lease_fences.get(target, LEASE_FENCE)
+
+    # -- calls ----------------------------------------------------------------------
+
     async def ask(self, kind: Kind, body: Any, *, retry: bool = True) -> tuple[int, Any]:
-        """One call; retryable answers and transport failures are tried again, same key."""
+        """One call; retryable answers and transport failures are tried again, same key.
+        A call that changes the world is sent under the session's fence for it (`fenced`),
+        unless `body` names one."""
+        chosen = isinstance(body, dict) and "fence" in body
+        body = self.fenced(kind, body)
+        status, answer = await self._ask(kind, body, retry=retry)
+        if not chosen and self._learn_mark(kind, body, status, answer):
+            status, answer = await self._ask(kind, self.fenced(kind, _unfenced(body)), retry=retry)
+        return status, answer
+
+    async def _ask(self, kind: Kind, body: Any, *, retry: bool) -> tuple[int, Any]:
         last = ""
         for attempt in range(1, ATTEMPTS + 1):
             try:
@@ -148,18 +227,24 @@ class Session:
             raise Skipped(self.no_action or "no ledger action to test with")
         return self.action
 
-    async def dispatch(self, key: str, *, attempt: int = 1, what: str = "dispatch") -> dict[str, Any]:
-        """Dispatch the action under test; check the answer's shape; remember what it made."""
+    def dispatch_body(self, key: str, *, attempt: int = 1, fence: int | None = None) -> dict[str, Any]:
+        """A dispatch of the action under test, under the key's fence unless given one."""
         action = self.need_action()
-        made = self.made.setdefault(key, Made(action.name))
-        body = protocol.DispatchRequest(
+        return protocol.DispatchRequest(
             action=action.name,
             run_id=self.run_id,
             step_id=self._counter,
             idempotency_key=key,
             attempt=attempt,
             params=dict(self.params),
+            fence=self.key_fence(key) if fence is None else fence,
         ).model_dump(mode="json")
+
+    async def dispatch(self, key: str, *, attempt: int = 1, what: str = "dispatch") -> dict[str, Any]:
+        """Dispatch the action under test; check the answer's shape; remember what it made."""
+        action = self.need_action()
+        made = self.made.setdefault(key, Made(action.name))
+        body = self.dispatch_body(key, attempt=attempt)
         answer = await self.ok("dispatch", body, f"{what} {action.name} {json.dumps(self.params)}")
         if not isinstance(answer, dict) or not isinstance(answer.get("resources", []), list):
             raise Failed(f"{what}: the answer is not {{'resources': [...], 'output': ...}}: {message_of(answer)}")
@@ -186,12 +271,23 @@ class Session:
     def _wire(self, resources: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         return [dict(r) for r in resources]
 
-    async def revert(self, key: str, resources: Sequence[Mapping[str, Any]], what: str) -> protocol.RevertAnswer:
+    def revert_body(
+        self, key: str, resources: Sequence[Mapping[str, Any]], *, fence: int | None = None
+    ) -> dict[str, Any]:
+        """A revert under a newer claim than the key's last, unless given a fence."""
         action = self.need_action()
-        body = protocol.RevertRequest.model_validate(
-            {"action": action.name, "run_id": self.run_id, "idempotency_key": key, "resources": self._wire(resources)}
+        return protocol.RevertRequest.model_validate(
+            {
+                "action": action.name,
+                "run_id": self.run_id,
+                "idempotency_key": key,
+                "resources": self._wire(resources),
+                "fence": self.revert_fence(key) if fence is None else fence,
+            }
         ).model_dump(mode="json", by_alias=True, exclude_none=True)
-        answer = await self.ok("revert", body, what)
+
+    async def revert(self, key: str, resources: Sequence[Mapping[str, Any]], what: str) -> protocol.RevertAnswer:
+        answer = await self.ok("revert", self.revert_body(key, resources), what)
         try:
             return protocol.RevertAnswer.model_validate(answer or {})
         except ValidationError as exc:
@@ -242,9 +338,11 @@ class Session:
     def lease_body(
         self, lease: str, target: str | None, key: str, value: Any = None, *, run_id: int | None = None
     ) -> dict[str, Any]:
+        """A lease call's body, without a fence: a read carries none, and `ask` gives a
+        write the session's fence for the target."""
         return protocol.LeaseRequest(
             lease=lease, target=target, run_id=run_id or self.run_id, idempotency_key=key, value=value
-        ).model_dump(mode="json")
+        ).model_dump(mode="json", exclude={"fence"})
 
     async def lease_read(
         self, lease: str, target: str | None, key: str, what: str, *, run_id: int | None = None
@@ -254,6 +352,10 @@ class Session:
             return protocol.LeaseValue.model_validate(answer if answer is not None else {}).value
         except ValidationError as exc:
             raise Failed(f"{what}: the answer is not {{'value': ...}}: {first_error(exc)}") from exc
+
+
+def _unfenced(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "fence"}
 
 
 def first_error(exc: ValidationError) -> str:

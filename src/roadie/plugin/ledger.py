@@ -11,6 +11,13 @@ A key that has been reverted keeps a tombstone, and is never dispatched again: a
 duplicate of the dispatch, arriving after cleanup reverted the step, would otherwise
 make something no cleanup will ever look for.
 
+Every call that changes the world carries a fence (docs/protocol.md §4, rule 7), and the
+ledger keeps, per fence target (a step's key, or `lease#target`), the highest fence it has
+accepted: its mark. A call under a lower fence is refused before any other rule (a stored
+answer is not replayed to it): it comes from an owner whose claim has lapsed. The mark is
+checked and raised in the same transaction as the key ledger's verdict, so no call slips
+between the two.
+
 One transaction per method (`BEGIN IMMEDIATE`, WAL), nothing cached in memory: two
 processes serving one ledger file queue on its write lock, and a process killed at any
 point leaves only committed rows behind.
@@ -28,9 +35,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from roadie.clock import Clock, SystemClock
+from roadie.protocol import lease_fence_target
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -79,7 +87,17 @@ CREATE TABLE IF NOT EXISTS seen_requests (
     expires REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS seen_requests_by_expiry ON seen_requests (expires);
+CREATE TABLE IF NOT EXISTS fences (
+    kind TEXT NOT NULL CHECK (kind IN ('key', 'lease')),
+    target TEXT NOT NULL,
+    mark INTEGER NOT NULL CHECK (mark >= 1),
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (kind, target)
+);
 """
+
+
+FenceKind = Literal["key", "lease"]  # what a fence is counted for: a step's key, a lease target
 
 
 class KeyStatus(StrEnum):
@@ -109,13 +127,16 @@ class KeyEntry:
 @dataclass(frozen=True)
 class Begun:
     """What `begin` found. Exactly one of: `run` (call the action), `answer` (stored, do
-    not call), `busy` (another live process is calling it), `refused` (a message)."""
+    not call), `busy` (another live process is calling it), `refused` (a message),
+    `superseded` (the mark of the call's fence target, higher than its fence: nothing
+    was looked at or changed)."""
 
     run: bool = False
     answer: Any = None
     stored: bool = False
     busy: str | None = None
     refused: str | None = None
+    superseded: int | None = None
 
 
 # Ledger owners alive in this process: a `running` row whose owner is this process but
@@ -215,13 +236,46 @@ class KeyLedger:
             kept = db.execute("INSERT OR IGNORE INTO seen_requests (id, expires) VALUES (?, ?)", (request_id, expires))
             return kept.rowcount == 1
 
+    # -- fences ------------------------------------------------------------------------
+
+    @staticmethod
+    def _fence(db: sqlite3.Connection, kind: FenceKind, target: str, fence: int, now: float) -> int | None:
+        """Check `fence` against the mark of `target` inside the caller's transaction: the
+        mark when the fence is lower (refuse the call), else None, the mark now `fence`.
+        Fence 0 is a call no claim stands behind (an in-process test): never refused, and
+        it raises no mark. Keys and lease targets are counted apart (a key may be spelt
+        like an untargeted lease)."""
+        if fence <= 0:
+            return None
+        row = db.execute("SELECT mark FROM fences WHERE kind = ? AND target = ?", (kind, target)).fetchone()
+        if row is not None and fence < row[0]:
+            return int(row[0])
+        db.execute(
+            "INSERT INTO fences (kind, target, mark, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (kind, target) DO UPDATE SET mark = excluded.mark, updated_at = excluded.updated_at"
+            " WHERE excluded.mark > fences.mark",
+            (kind, target, fence, now),
+        )
+        return None
+
+    def mark(self, kind: FenceKind, target: str) -> int | None:
+        """The highest fence accepted for a step's key (`"key"`) or a lease target
+        (`"lease"`, `lease#target`), or None when none was."""
+        with self._transaction() as db:
+            row = db.execute("SELECT mark FROM fences WHERE kind = ? AND target = ?", (kind, target)).fetchone()
+        return None if row is None else int(row[0])
+
     # -- dispatch ----------------------------------------------------------------------
 
-    def begin(self, key: str, action: str) -> Begun:
-        """Claim `key` for a call of `action`, unless its answer is stored (then that), it
-        belongs to another action or was reverted (refused), or another live process is
-        calling it (busy). A `running` row of a dead process is taken over."""
+    def begin(self, key: str, action: str, fence: int = 0) -> Begun:
+        """Claim `key` for a call of `action` under `fence`, unless the key's mark is higher
+        (superseded), its answer is stored (then that), it belongs to another action or
+        was reverted (refused), or another live process is calling it (busy). A `running`
+        row of a dead process is taken over."""
         with self._transaction() as db:
+            mark = self._fence(db, "key", key, fence, self._now())
+            if mark is not None:
+                return Begun(superseded=mark)
             row = db.execute(
                 "SELECT action, status, answer, owner, reverted_at FROM keys WHERE key = ?", (key,)
             ).fetchone()
@@ -262,11 +316,15 @@ class KeyLedger:
 
     # -- revert ------------------------------------------------------------------------
 
-    def begin_revert(self, key: str, action: str) -> Begun:
+    def begin_revert(self, key: str, action: str, fence: int = 0) -> Begun:
         """Tombstone `key` (no dispatch of it runs again) and answer what it produced: its
         stored answer's resources and its late ones, `[]` when no answer is stored. Busy
-        while another live process is calling the key."""
+        while another live process is calling the key; superseded (nothing tombstoned)
+        when the key's mark is higher than `fence`."""
         with self._transaction() as db:
+            mark = self._fence(db, "key", key, fence, self._now())
+            if mark is not None:
+                return Begun(superseded=mark)
             row = db.execute("SELECT status, answer, owner FROM keys WHERE key = ?", (key,)).fetchone()
             if row is not None and row[0] == KeyStatus.RUNNING and row[2] != self.owner and _owner_alive(row[2]):
                 return Begun(busy=row[2])
@@ -308,12 +366,16 @@ class KeyLedger:
                 (key, lease, target or "", run_id, self._now()),
             )
 
-    def begin_apply(self, key: str, lease: str, target: str | None, run_id: int) -> Begun:
-        """May `key` write its borrowed value? Refused once its borrow was given back (or,
-        for a key never seen, once every borrow of the run on the target was); its stored
-        answer when it was applied already; else run."""
+    def begin_apply(self, key: str, lease: str, target: str | None, run_id: int, fence: int = 0) -> Begun:
+        """May `key` write its borrowed value under `fence`? Superseded when the lease
+        target's mark is higher; refused once its borrow was given back (or, for a key
+        never seen, once every borrow of the run on the target was); its stored answer
+        when it was applied already; else run."""
         where = (lease, target or "", run_id)
         with self._transaction() as db:
+            mark = self._fence(db, "lease", lease_fence_target(lease, target), fence, self._now())
+            if mark is not None:
+                return Begun(superseded=mark)
             row = db.execute("SELECT applied_at, answer, restored_by FROM lease_keys WHERE key = ?", (key,)).fetchone()
             if row is not None and row[2] is not None:
                 given_back = f"key {key!r}: its borrow was given back ({row[2]})"
@@ -358,15 +420,19 @@ class KeyLedger:
                 (self._now(), json.dumps(answer), self._now(), key),
             )
 
-    def begin_restore(self, key: str, lease: str, target: str | None, run_id: int) -> Begun:
+    def begin_restore(self, key: str, lease: str, target: str | None, run_id: int, fence: int = 0) -> Begun:
         """Mark the run's borrows of the target given back (before the world is written,
         so no apply slips in after it), and say whether to write: a restore already
         carried out answers its stored answer, without writing, once a borrow of the
         target (by any run) was applied after it — writing it again would give back a
-        value over a value someone borrowed since."""
+        value over a value someone borrowed since. Superseded, marking nothing, when the
+        lease target's mark is higher than `fence`."""
         where = (lease, target or "", run_id)
         now = self._now()
         with self._transaction() as db:
+            mark = self._fence(db, "lease", lease_fence_target(lease, target), fence, now)
+            if mark is not None:
+                return Begun(superseded=mark)
             db.execute(
                 "UPDATE lease_keys SET restored_at = ?, restored_by = ?, updated_at = ?"
                 " WHERE lease = ? AND target = ? AND run_id = ? AND restored_by IS NULL",

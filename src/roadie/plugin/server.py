@@ -6,10 +6,13 @@ answering the remote protocol (docs/protocol.md, `roadie.protocol`).
 functions. The ASGI app (push) and the `PullClient` (pull) are two ways of feeding it, so
 both transports answer the same bodies with the same statuses.
 
-Statuses: 200 the answer; 400 a malformed body; 401 a refused signature; 404 an unknown
-action or lease; 422 parameters that fail the action's schema, or a PermanentError; 409
-(retryable) the key is being dispatched by another live process; 503 (retryable) a
-RetryableError, with `Retry-After` when it says when; 500 (retryable) anything else.
+Statuses: 200 the answer; 400 a malformed body (a missing or out-of-range `fence`
+included); 401 a refused signature; 404 an unknown action or lease; 412 a fence lower than
+one the key ledger accepted for the call's key or lease target (or a `Superseded` the
+module raised): nothing was done; 422 parameters that fail the action's schema, or a
+PermanentError; 409 (retryable) the key is being dispatched by another live process; 503
+(retryable) a RetryableError, with `Retry-After` when it says when; 500 (retryable)
+anything else.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from roadie import protocol
 from roadie.clock import Clock, SystemClock
-from roadie.errors import ConfigError, PermanentError, RetryableError, RoadieError, StepError
+from roadie.errors import ConfigError, PermanentError, RetryableError, RoadieError, StepError, Superseded
 from roadie.plugin.ledger import KeyLedger
 from roadie.plugin.wire import (
     AnswerDropped,
@@ -46,6 +49,7 @@ from roadie.plugin.wire import (
     lease_writer,
     parse_body,
     refused_reply,
+    superseded_error,
     to_failure,
     to_inspected,
     to_resource,
@@ -228,6 +232,11 @@ class ModuleServer:
             return reply
         except Refusal as exc:
             return refused_reply(exc)
+        except Superseded as exc:
+            # The module's own fence check (one that keeps its marks with its world) refused
+            # the call: the same answer as the key ledger's, without the mark it did not say.
+            log.info("call superseded", module=self.module.name, kind=kind, reason=exc.message)
+            return Reply(protocol.SUPERSEDED, superseded_error(exc.message or type(exc).__doc__ or "superseded"))
         except StepError as exc:
             message = exc.message or type(exc).__name__
             if not exc.retryable:
@@ -268,7 +277,9 @@ class ModuleServer:
         key = request.idempotency_key
         with self._held(key) as lock:
             async with lock:
-                begun = self.ledger.begin(key, action.name)
+                begun = self.ledger.begin(key, action.name, request.fence)
+                if begun.superseded is not None:
+                    raise _superseded(self, "dispatch", key, request.fence, begun.superseded)
                 if begun.refused is not None:
                     raise Refusal(422, begun.refused, "idempotency_key")
                 if begun.busy is not None:
@@ -285,6 +296,7 @@ class ModuleServer:
                         params=params,
                         state=self.state,
                         clock=self.clock,
+                        fence=request.fence,
                     )
                     try:
                         answer = wire_answer(await action.call(call))
@@ -307,7 +319,9 @@ class ModuleServer:
         key = request.idempotency_key
         with self._held(key) as lock:
             async with lock:
-                begun = self.ledger.begin_revert(key, action.name)
+                begun = self.ledger.begin_revert(key, action.name, request.fence)
+                if begun.superseded is not None:
+                    raise _superseded(self, "revert", key, request.fence, begun.superseded)
                 if begun.busy is not None:
                     raise Refusal(409, f"key {key!r} is being dispatched by another process", retryable=True)
                 given = [to_resource(r.model_dump(by_alias=True)) for r in request.resources]
@@ -315,7 +329,12 @@ class ModuleServer:
                 # none stored (the action crashed midway), so the module finds it by its tags.
                 resources = given or [to_resource(r) for r in begun.answer if isinstance(r, dict)]
                 call = RevertCall(
-                    run_id=request.run_id, idempotency_key=key, resources=resources, state=self.state, clock=self.clock
+                    run_id=request.run_id,
+                    idempotency_key=key,
+                    resources=resources,
+                    state=self.state,
+                    clock=self.clock,
+                    fence=request.fence,
                 )
                 result = await maybe_await(action.revert_fn(call))
                 self.ledger.finish_revert(key)
@@ -352,8 +371,12 @@ class ModuleServer:
         page = to_tagged_page(await maybe_await(self.module.tagged_fn(call)))
         return Reply(200, page.model_dump(mode="json"))
 
-    def _lease_call(self, body: bytes) -> tuple[protocol.LeaseRequest, Lease, LeaseCall]:
+    def _lease_call(self, body: bytes, *, writes: bool = False) -> tuple[protocol.LeaseRequest, Lease, LeaseCall]:
+        """A lease call's request, its lease and the call for the module's function. A
+        write (apply, restore) must carry a fence; a read carries none."""
         request = parse_body(protocol.LeaseRequest, body)
+        if writes and request.fence is None:
+            raise Refusal(400, "malformed request: fence: Field required (a lease write carries its fence)", "fence")
         lease = self.module.leases.get(request.lease)
         if lease is None:
             raise Refusal(404, f"module {self.module.name!r} has no lease {request.lease!r}", "lease")
@@ -368,6 +391,7 @@ class ModuleServer:
             clock=self.clock,
             idempotency_key=request.idempotency_key,
             run_id=request.run_id,
+            fence=request.fence or 0,
         )
         return request, lease, call
 
@@ -379,13 +403,16 @@ class ModuleServer:
 
     async def _lease_apply(self, body: bytes) -> Reply:
         """Write a borrowed value, once per key, and never after its borrow was given back."""
-        request, lease, call = self._lease_call(body)
+        request, lease, call = self._lease_call(body, writes=True)
         key = request.idempotency_key
+        fence = request.fence or 0
         # One lease target's writes, one at a time: an apply and the restore that gives it
         # back must not interleave between the ledger's verdict and the world's write.
         with self._held(_target_lock(lease, request.target)) as lock:
             async with lock:
-                begun = self.ledger.begin_apply(key, lease.name, request.target, request.run_id)
+                begun = self.ledger.begin_apply(key, lease.name, request.target, request.run_id, fence)
+                if begun.superseded is not None:
+                    raise _superseded(self, "lease apply", request.fence_target, fence, begun.superseded)
                 if begun.refused is not None:
                     log.info("late lease apply refused", module=self.module.name, lease=lease.name, key=key)
                     raise Refusal(422, begun.refused, "idempotency_key")
@@ -398,11 +425,14 @@ class ModuleServer:
 
     async def _lease_restore(self, body: bytes) -> Reply:
         """Give a borrowed value back; from now on the borrow's late applies are refused."""
-        request, lease, call = self._lease_call(body)
+        request, lease, call = self._lease_call(body, writes=True)
         key = request.idempotency_key
+        fence = request.fence or 0
         with self._held(_target_lock(lease, request.target)) as lock:
             async with lock:
-                begun = self.ledger.begin_restore(key, lease.name, request.target, request.run_id)
+                begun = self.ledger.begin_restore(key, lease.name, request.target, request.run_id, fence)
+                if begun.superseded is not None:
+                    raise _superseded(self, "lease restore", request.fence_target, fence, begun.superseded)
                 if begun.stored:
                     log.info("lease restore replayed", module=self.module.name, lease=lease.name, key=key)
                     return Reply(200, begun.answer)
@@ -533,6 +563,13 @@ class ModuleServer:
         app = Starlette(routes=routes, lifespan=lifespan)
         app.state.roadie = self
         return app
+
+
+def _superseded(server: ModuleServer, what: str, target: str, fence: int, mark: int) -> Refusal:
+    """The refusal of a call whose fence is lower than its target's mark (docs/protocol.md
+    §4, rule 7): its owner's claim has lapsed, and a newer owner has acted."""
+    log.info("call superseded", module=server.module.name, call=what, target=target, fence=fence, mark=mark)
+    return Refusal(protocol.SUPERSEDED, "", body=protocol.superseded_body(target, fence, mark))
 
 
 def _target_lock(lease: Lease, target: str | None) -> str:

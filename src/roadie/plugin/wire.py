@@ -80,6 +80,7 @@ class Refusal(Exception):
         *,
         retryable: bool = False,
         headers: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -87,6 +88,7 @@ class Refusal(Exception):
         self.field = field
         self.retryable = retryable
         self.headers = dict(headers or {})
+        self.body = dict(body) if body is not None else None  # the whole error body, when not the usual one
 
 
 # -- manifests and answers ---------------------------------------------------------------
@@ -245,7 +247,15 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
 
 
 def refused_reply(exc: Refusal) -> Reply:
+    if exc.body is not None:
+        return Reply(exc.status, exc.body, exc.headers)
     return Reply(exc.status, protocol.error_body(exc.message, retryable=exc.retryable, field=exc.field), exc.headers)
+
+
+def superseded_error(message: str) -> dict[str, Any]:
+    """A 412's body when the module itself refused a stale fence and said no mark."""
+    detail = protocol.ErrorDetail(message=message, field="fence", code="superseded")
+    return protocol.ErrorBody(error=detail).model_dump(exclude_none=True)
 
 
 def error_message(body: Any) -> str:

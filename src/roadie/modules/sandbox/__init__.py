@@ -14,7 +14,9 @@ configuration's directory (default `sandbox.db`).
 | lease `sandbox.motd` | untargeted, stacks | the message of the day: each run's banner a layer |
 
 Every call first waits the world's `delay` knob, then passes its fault knobs (see
-`SandboxWorld`), so the reliability tests can make any of them misbehave.
+`SandboxWorld`), so the reliability tests can make any of them misbehave. Every call that
+changes the world passes on its `fence`; the world refuses one lower than it has accepted
+for the step's key or the lease target, with `Superseded` (docs/protocol.md §4, rule 7).
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ async def spawn(call: Call[SpawnParams]) -> Answer:
     p = call.params
     async with world.dispatching(call.idempotency_key, "spawn"):
         await world.pace()
-        serials = world.spawn(call.idempotency_key, p.kind, p.region, p.count)
+        serials = world.spawn(call.idempotency_key, p.kind, p.region, p.count, fence=call.fence)
     return _objects("creature", serials, p.kind, p.region)
 
 
@@ -133,7 +135,7 @@ async def place_item(call: Call[PlaceParams]) -> Answer:
     p = call.params
     async with world.dispatching(call.idempotency_key, "place_item"):
         await world.pace()
-        serials = world.place_item(call.idempotency_key, p.kind, p.region, p.count)
+        serials = world.place_item(call.idempotency_key, p.kind, p.region, p.count, fence=call.fence)
     return _objects("item", serials, p.kind, p.region)
 
 
@@ -144,7 +146,7 @@ async def _revert(call: RevertCall) -> list[RevertFailure] | None:
     world = _world(call.state)
     await world.pace()
     if not call.resources:
-        world.revert_key(call.idempotency_key)
+        world.revert_key(call.idempotency_key, fence=call.fence)
         return None
     failures: list[RevertFailure] = []
     refs: list[tuple[str, str]] = []
@@ -153,8 +155,8 @@ async def _revert(call: RevertCall) -> list[RevertFailure] | None:
             refs.append((resource.kind, resource.ref))
         else:
             failures.append(RevertFailure(resource.kind, resource.ref, f"sandbox does not make a {resource.kind!r}"))
-    if refs:
-        world.remove_many(call.idempotency_key, refs)
+    # Called with no refs too: a stale revert is refused whatever it names.
+    world.remove_many(call.idempotency_key, refs, fence=call.fence)
     return failures or None
 
 
@@ -194,7 +196,7 @@ async def broadcast(call: Call[BroadcastParams]) -> Answer:
     world = _world(call.state)
     async with world.dispatching(call.idempotency_key, "broadcast"):
         await world.pace()
-        broadcast_id = world.broadcast(call.idempotency_key, call.params.message, call.params.region)
+        broadcast_id = world.broadcast(call.idempotency_key, call.params.message, call.params.region, fence=call.fence)
     return Answer(output={"id": broadcast_id})
 
 
@@ -205,7 +207,7 @@ async def buff(call: Call[BuffParams]) -> Answer:
     p = call.params
     async with world.dispatching(call.idempotency_key, "buff"):
         await world.pace()
-        answer = world.buff(call.idempotency_key, p.name, p.region, p.duration)
+        answer = world.buff(call.idempotency_key, p.name, p.region, p.duration, fence=call.fence)
     return Answer(output=answer)
 
 
@@ -229,7 +231,7 @@ async def write_weather(call: LeaseCall, value: Any) -> None:
     await world.pace()
     if not isinstance(value, str) or not value:
         raise PermanentError(f"sandbox.weather must be a non-empty string, not {value!r}")
-    world.set_weather(_region(call), value)
+    world.set_weather(_region(call), value, fence=call.fence)
 
 
 @module.lease("xp_rate", targeted=False, value=Annotated[float, Field(ge=0, examples=[2.0])])
@@ -255,7 +257,7 @@ async def write_motd(call: LeaseCall, value: Any) -> None:
     await world.pace()
     if not isinstance(value, str) or len(value) > 500:
         raise PermanentError(f"sandbox.motd must be text of at most 500 characters, not {value!r:.80}")
-    world.set_setting("motd", value)
+    world.set_setting("motd", value, fence=call.fence)
 
 
 @xp_rate.write
@@ -265,4 +267,4 @@ async def write_xp_rate(call: LeaseCall, value: Any) -> None:
     # bool is an int to Python, but `xp_rate: true` is an operator's mistake.
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise PermanentError(f"sandbox.xp_rate must be a non-negative number, not {value!r}")
-    world.set_setting("xp_rate", float(value))
+    world.set_setting("xp_rate", float(value), fence=call.fence)

@@ -18,7 +18,9 @@ from roadie.clock import Clock
 SEED_REGIONS = ("britain", "moonglow", "trinsic", "yew", "minoc")
 SEED_SETTINGS: dict[str, Any] = {"xp_rate": 1.0, "motd": ""}
 FIRST_SERIAL = 0x40000001
-SCHEMA_VERSION = 1
+# 2: fence marks (docs/protocol.md §4, rule 7). A file of version 1 gets the table, empty:
+# no fence was ever accepted there, so none is refused.
+SCHEMA_VERSION = 2
 
 # Object kinds as the ledger names them -> the table that holds them. Table names are
 # only ever taken from this mapping, never from a caller, so formatting them into SQL
@@ -103,6 +105,12 @@ CREATE TABLE IF NOT EXISTS respawns (
     tag TEXT NOT NULL,
     due REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS fences (
+    kind TEXT NOT NULL CHECK (kind IN ('key', 'lease')),
+    target TEXT NOT NULL,
+    mark INTEGER NOT NULL CHECK (mark >= 1),
+    PRIMARY KEY (kind, target)
+);
 CREATE TABLE IF NOT EXISTS faults (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL CHECK (kind IN ('fail', 'lose', 'crash', 'fail_revert', 'lose_revert')),
@@ -162,6 +170,9 @@ class WorldFile:
                     db.execute(statement)
             seeded = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
             if seeded is not None:
+                # An older file has had its new tables made above; it is now this version.
+                if int(seeded[0]) < SCHEMA_VERSION:
+                    db.execute("UPDATE meta SET value = ? WHERE name = 'schema'", (str(SCHEMA_VERSION),))
                 return
             # Seed inside the same transaction that records the schema version, so two
             # processes opening a new file at once cannot both seed it.

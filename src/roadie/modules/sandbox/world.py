@@ -12,6 +12,12 @@ before the run. It behaves like a well-made game-server plugin:
 - **Tag what you make.** A removal names the key, and only an object carrying that tag
   is removed: a serial reused by the world for someone else's object is left alone.
   Removing something that is already gone is a success.
+- **Fenced.** Every call that changes the world on the engine's behalf carries the fence
+  of the claim it is made under (docs/protocol.md §4, rule 7): per step key, and per lease
+  target (`weather#<region>`, a setting's name), the file keeps the highest fence it has
+  accepted, its mark, and refuses a lower one with `Superseded` before anything else,
+  in the same transaction as the effect and the key ledger. Fence 0 (a call no claim
+  stands behind: a test, a person at the console) is never refused and raises no mark.
 - **Crash-safe.** WAL mode, one transaction per operation, nothing cached in memory: a
   fresh object on the same file, after the previous one was abandoned, sees exactly
   what was committed.
@@ -31,9 +37,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from roadie.clock import Clock
-from roadie.errors import PermanentError
+from roadie.errors import PermanentError, Superseded
 from roadie.modules.sandbox.faults import FaultGate, WorldCrashed
 from roadie.modules.sandbox.file import SEED_REGIONS, TABLES
+from roadie.protocol import lease_fence_target
 
 __all__ = ["SEED_REGIONS", "SandboxWorld", "WorldCrashed", "open_world"]
 
@@ -59,6 +66,25 @@ class SandboxWorld(FaultGate):
         db.execute(
             "INSERT INTO effects (key, op, kind, ref, idx, at) VALUES (?, ?, ?, ?, ?, ?)",
             (key, op, kind, ref, idx, self._now_iso()),
+        )
+
+    @staticmethod
+    def _fenced(db: sqlite3.Connection, kind: str, target: str, fence: int) -> None:
+        """Refuse a call whose fence is lower than the mark of its target (`kind` 'key' for
+        a step's key, 'lease' for a lease target); else raise the mark to it. Run first in
+        the call's transaction: a refused call rolls back having done nothing."""
+        if fence <= 0:
+            return
+        row = db.execute("SELECT mark FROM fences WHERE kind = ? AND target = ?", (kind, target)).fetchone()
+        if row is not None and fence < row[0]:
+            raise Superseded(
+                f"sandbox: fence {fence} is older than fence {row[0]}, already accepted for {target}:"
+                " a newer owner has acted"
+            )
+        db.execute(
+            "INSERT INTO fences (kind, target, mark) VALUES (?, ?, ?)"
+            " ON CONFLICT (kind, target) DO UPDATE SET mark = excluded.mark WHERE excluded.mark > fences.mark",
+            (kind, target, fence),
         )
 
     def _stored(self, db: sqlite3.Connection, key: str, action: str) -> Any:
@@ -128,7 +154,7 @@ class SandboxWorld(FaultGate):
             serials.append(serial)
         return serials
 
-    def _make_call(self, op: str, kind_of: str, key: str, kind: str, region: str, count: int) -> list[str]:
+    def _make_call(self, op: str, kind_of: str, key: str, kind: str, region: str, count: int, fence: int) -> list[str]:
         self._require_key(key)
         if count < 1:
             raise PermanentError(f"sandbox: count must be at least 1, got {count}")
@@ -136,6 +162,7 @@ class SandboxWorld(FaultGate):
             raise PermanentError("sandbox: kind is required")
 
         def body(db: sqlite3.Connection, crashing: bool) -> list[str]:
+            self._fenced(db, "key", key, fence)
             stored = self._stored(db, key, op)
             if stored is not None:
                 return [str(s) for s in stored]
@@ -149,24 +176,26 @@ class SandboxWorld(FaultGate):
 
     # -- actions -----------------------------------------------------------------------
 
-    def spawn(self, key: str, kind: str, region: str, count: int = 1) -> list[str]:
+    def spawn(self, key: str, kind: str, region: str, count: int = 1, *, fence: int = 0) -> list[str]:
         """Make `count` creatures of `kind` in `region` for `key`; their serials, in order.
 
         Exactly once per (key, idx): a key with a stored answer gets it back untouched; a
         key that half-ran makes only its missing creatures and answers all of them.
-        An unknown region raises PermanentError.
+        An unknown region raises PermanentError; a `fence` lower than the key's mark
+        raises Superseded, before a stored answer is looked at.
         """
-        return self._make_call("spawn", "creature", key, kind, region, count)
+        return self._make_call("spawn", "creature", key, kind, region, count, fence)
 
-    def place_item(self, key: str, kind: str, region: str, count: int = 1) -> list[str]:
+    def place_item(self, key: str, kind: str, region: str, count: int = 1, *, fence: int = 0) -> list[str]:
         """Place `count` items of `kind` in `region` for `key`; exactly like `spawn`."""
-        return self._make_call("place_item", "item", key, kind, region, count)
+        return self._make_call("place_item", "item", key, kind, region, count, fence)
 
-    def broadcast(self, key: str, message: str, region: str | None = None) -> int:
+    def broadcast(self, key: str, message: str, region: str | None = None, *, fence: int = 0) -> int:
         """Say `message` (to `region`, or everyone) once per key; the broadcast's id."""
         self._require_key(key)
 
         def body(db: sqlite3.Connection, crashing: bool) -> int:
+            self._fenced(db, "key", key, fence)
             stored = self._stored(db, key, "broadcast")
             if stored is not None:
                 return int(stored["id"])
@@ -185,7 +214,7 @@ class SandboxWorld(FaultGate):
 
         return self._call("broadcast", body)
 
-    def buff(self, key: str, name: str, region: str, seconds: float) -> dict[str, Any]:
+    def buff(self, key: str, name: str, region: str, seconds: float, *, fence: int = 0) -> dict[str, Any]:
         """Put buff `name` on `region` for `seconds` of the clock, once per key.
 
         Answers {"name", "region", "expires_at" (ISO)}. The buff undoes itself: it leaves
@@ -196,6 +225,7 @@ class SandboxWorld(FaultGate):
             raise PermanentError("sandbox: a buff cannot last a negative time")
 
         def body(db: sqlite3.Connection, crashing: bool) -> dict[str, Any]:
+            self._fenced(db, "key", key, fence)
             stored = self._stored(db, key, "buff")
             if stored is not None:
                 return dict(stored)
@@ -248,36 +278,46 @@ class SandboxWorld(FaultGate):
             self._effect(db, tag, "create", "creature", serial)
             db.execute("DELETE FROM respawns WHERE id = ?", (respawn_id,))
 
-    def remove_creature(self, serial: str, key: str) -> bool:
+    def _remove_one(self, op: str, kind_of: str, serial: str, key: str, fence: int) -> bool:
+        def body(db: sqlite3.Connection, _crashing: bool) -> bool:
+            self._fenced(db, "key", key, fence)
+            return self._remove(db, kind_of, serial, key)
+
+        return self._call(op, body, revert=True)
+
+    def remove_creature(self, serial: str, key: str, *, fence: int = 0) -> bool:
         """Remove creature `serial` if it exists and was made by `key`.
 
         True when it was removed; False when it is gone already or carries another
-        key's tag (the serial was reused) — both are a success, not an error.
+        key's tag (the serial was reused) — both are a success, not an error. A `fence`
+        lower than the key's mark raises Superseded and removes nothing.
         """
-        return self._call("remove_creature", lambda db, _c: self._remove(db, "creature", serial, key), revert=True)
+        return self._remove_one("remove_creature", "creature", serial, key, fence)
 
-    def remove_item(self, serial: str, key: str) -> bool:
+    def remove_item(self, serial: str, key: str, *, fence: int = 0) -> bool:
         """Remove item `serial` if it exists and was made by `key`; like remove_creature."""
-        return self._call("remove_item", lambda db, _c: self._remove(db, "item", serial, key), revert=True)
+        return self._remove_one("remove_item", "item", serial, key, fence)
 
-    def remove_many(self, key: str, refs: Sequence[tuple[str, str]]) -> list[bool]:
+    def remove_many(self, key: str, refs: Sequence[tuple[str, str]], *, fence: int = 0) -> list[bool]:
         """Remove each `(kind, serial)` ('creature' or 'item') made by `key`, in order, in
         one transaction and one revert call; one bool per ref as in remove_creature."""
         for kind_of, _serial in refs:
             if kind_of not in TABLES:
                 raise ValueError(f"sandbox: cannot remove a {kind_of!r}")
-        return self._call(
-            "remove_many",
-            lambda db, _c: [self._remove(db, kind_of, serial, key) for kind_of, serial in refs],
-            revert=True,
-        )
 
-    def revert_key(self, key: str) -> list[tuple[str, str]]:
+        def body(db: sqlite3.Connection, _crashing: bool) -> list[bool]:
+            self._fenced(db, "key", key, fence)
+            return [self._remove(db, kind_of, serial, key) for kind_of, serial in refs]
+
+        return self._call("remove_many", body, revert=True)
+
+    def revert_key(self, key: str, *, fence: int = 0) -> list[tuple[str, str]]:
         """Remove every creature and item tagged with `key`, newest first; what was removed,
         as `(kind, serial)`. Used when the engine reverts with no resources (its record of
         the answer was lost): the world knows what the key made by the tag."""
 
         def body(db: sqlite3.Connection, _crashing: bool) -> list[tuple[str, str]]:
+            self._fenced(db, "key", key, fence)
             removed: list[tuple[str, str]] = []
             for kind_of in ("item", "creature"):
                 rows = db.execute(
@@ -395,10 +435,13 @@ class SandboxWorld(FaultGate):
 
         return self._call("weather.read", body)
 
-    def set_weather(self, region: str, value: str) -> None:
-        """Set the weather of `region`; PermanentError for an unknown region."""
+    def set_weather(self, region: str, value: str, *, fence: int = 0) -> None:
+        """Set the weather of `region`; PermanentError for an unknown region. `fence` is
+        counted for the lease target `weather#<region>`: a lower one than its mark raises
+        Superseded and writes nothing."""
 
         def body(db: sqlite3.Connection, crashing: bool) -> None:
+            self._fenced(db, "lease", lease_fence_target("weather", region), fence)
             self._require_region(db, region)
             if crashing:
                 return
@@ -420,11 +463,13 @@ class SandboxWorld(FaultGate):
 
         return self._call(f"{name}.read", body)
 
-    def set_setting(self, name: str, value: Any) -> None:
-        """Set setting `name` to the JSON value `value`, creating it if new."""
+    def set_setting(self, name: str, value: Any, *, fence: int = 0) -> None:
+        """Set setting `name` to the JSON value `value`, creating it if new. `fence` is
+        counted for the lease target of the same name, as in set_weather."""
         encoded = json.dumps(value)
 
         def body(db: sqlite3.Connection, crashing: bool) -> None:
+            self._fenced(db, "lease", lease_fence_target(name, None), fence)
             if crashing:
                 return
             db.execute(
@@ -535,6 +580,12 @@ class SandboxWorld(FaultGate):
         with self._transaction() as db:
             rows = db.execute("SELECT key, action, answer, at FROM keys ORDER BY rowid")
             return {key: {"action": action, "answer": json.loads(answer), "at": at} for key, action, answer, at in rows}
+
+    def fences(self) -> dict[tuple[str, str], int]:
+        """The marks: the highest fence accepted per `(kind, target)`, kind 'key' or 'lease'."""
+        with self._transaction() as db:
+            rows = db.execute("SELECT kind, target, mark FROM fences ORDER BY kind, target").fetchall()
+        return {(str(kind), str(target)): int(mark) for kind, target, mark in rows}
 
     def broadcasts(self) -> list[dict[str, Any]]:
         """The broadcast log, oldest first: `{"id", "message", "region", "at", "tag"}`."""
