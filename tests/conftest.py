@@ -218,7 +218,7 @@ def probe_module() -> Module:
         state: ProbeState = call.state
         if state.before_dial_write is not None:
             await state.before_dial_write(call, value)
-        state.fences.accept(call.lease, call.fence)
+        state.fences.accept(call.lease, call.fence, lease=True)
         state.dial = float(value)
         state.written.append((state.dial, call.fence))
         if state.observe_dial is not None:

@@ -107,7 +107,12 @@ class ClaimLost(InvalidState):
 class Superseded(ClaimLost):
     """A module refused a call because its fence is older than one it has already accepted
     for what the call changes: a newer owner of the step or the lease target has acted, so
-    this owner's claim has lapsed. Nothing was done; nothing is retried under this claim."""
+    this owner's claim has lapsed. Nothing was done; nothing is retried under this claim.
+    `mark` is the highest fence the module had accepted, where it says so."""
+
+    def __init__(self, message: str = "", *, mark: int | None = None) -> None:
+        super().__init__(message)
+        self.mark = mark
 
 
 class StepError(RoadieError):

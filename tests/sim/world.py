@@ -99,13 +99,13 @@ class SimWorld:
     fences: FenceMarks = field(default_factory=FenceMarks)
     superseded: int = 0  # calls refused for a stale fence: an owner since replaced
 
-    def fenced(self, target: str, fence: int, what: str) -> None:
+    def fenced(self, target: str, fence: int, what: str, *, lease: bool = False) -> None:
         """Take a call under `fence`, or refuse it as a module must (and say so)."""
         try:
-            self.fences.accept(target, fence)
-        except Superseded:
+            self.fences.accept(target, fence, lease=lease)
+        except Superseded as exc:
             self.superseded += 1
-            self.log.append(f"superseded {what} by {self.actor()} (fence {fence} < {self.fences.mark(target)})")
+            self.log.append(f"superseded {what} by {self.actor()} (fence {fence} < {exc.mark})")
             raise
 
     def new_ref(self) -> str:
@@ -253,14 +253,14 @@ def sim_module(world: SimWorld) -> Module:
         @read.write
         async def write(call: LeaseCall, value: Any) -> None:
             await world.gate(f"borrow {target_of(call)} {step_of(call.idempotency_key)}")
-            world.fenced(target_of(call), call.fence, f"borrow {target_of(call)}")
+            world.fenced(target_of(call), call.fence, f"borrow {target_of(call)}", lease=True)
             world.write_setting(target_of(call), value, Writer("borrow", call.run_id))
 
         @read.restore
         async def restore(call: LeaseCall, value: Any) -> None:
             await world.gate(f"restore {target_of(call)} {call.idempotency_key}")
             key = str(call.idempotency_key)
-            world.fenced(target_of(call), call.fence, f"restore {target_of(call)} {key}")
+            world.fenced(target_of(call), call.fence, f"restore {target_of(call)} {key}", lease=True)
             if key in world.restored:
                 world.problems.append(("b?lease", f"{key} {world.actor()}"))
             world.restored.setdefault(key, world.actor())

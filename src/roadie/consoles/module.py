@@ -58,6 +58,9 @@ from roadie.states import Reversible
 
 log = structlog.get_logger(__name__)
 
+Fenced = tuple[str, int, bool]
+"""What a command is sent for: a target, the fence of its call, whether it is a lease's."""
+
 KEY_PATTERN = r"[0-9a-f]{6,32}-\d+-\d+-\d+"
 """A step's idempotency key as the engine mints it: `nonce-run-phase-seq`."""
 
@@ -155,11 +158,12 @@ class ConsoleWorld:
     errors: list[re.Pattern[str]]
     fences: FenceMarks = field(default_factory=FenceMarks)
 
-    async def run(self, command: str, fenced: tuple[str, int] = ("", 0)) -> str:
-        """Send a command that changes the world, for `fenced` (a target and the fence of
-        the call it is sent for: refused once a newer owner has acted for it); a reply that
-        says it was not carried out fails it."""
-        self.fences.check(*fenced)
+    async def run(self, command: str, fenced: Fenced = ("", 0, False)) -> str:
+        """Send a command that changes the world, for `fenced` (a target, the fence of the
+        call it is sent for, whether the target is a lease's: refused once a newer owner
+        has acted for it); a reply that says it was not carried out fails it."""
+        target, fence, lease = fenced
+        self.fences.check(target, fence, lease=lease)
         reply = await self.console.send(check_line(command))
         self._refused(command, reply)
         return reply
@@ -280,8 +284,8 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
     async def do(call: Call[Any]) -> Answer:
         world: ConsoleWorld = call.state
         context = _context(call)
-        fenced = (call.idempotency_key, call.fence)
-        world.fences.accept(*fenced)
+        fenced = (call.idempotency_key, call.fence, False)
+        world.fences.accept(call.idempotency_key, call.fence)
         if action.reversible is not Reversible.LEDGER:
             return await _do_once(world, action, context, fenced)
         try:
@@ -307,8 +311,8 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
     async def revert(call: RevertCall) -> list[RevertFailure]:
         world: ConsoleWorld = call.state
         context = {"key": Bare(call.idempotency_key), "run_id": call.run_id}
-        fenced = (call.idempotency_key, call.fence)
-        world.fences.accept(*fenced)
+        fenced = (call.idempotency_key, call.fence, False)
+        world.fences.accept(call.idempotency_key, call.fence)
         try:
             if call.resources:
                 refs = [r.ref for r in call.resources]
@@ -337,7 +341,7 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
         registered.revert(revert)
 
 
-async def _do_once(world: ConsoleWorld, action: ActionDef, context: dict[str, Any], fenced: tuple[str, int]) -> Answer:
+async def _do_once(world: ConsoleWorld, action: ActionDef, context: dict[str, Any], fenced: Fenced) -> Answer:
     """A `none` or `self` action: sent once. Over UDP a lost reply is not sent again (a
     second broadcast cannot be taken back either): the step is done, unconfirmed."""
     replies: list[str] = []
@@ -351,7 +355,7 @@ async def _do_once(world: ConsoleWorld, action: ActionDef, context: dict[str, An
     return Answer(output={"confirmed": True, "reply": "\n".join(replies)[-2000:].strip()})
 
 
-async def _undo(world: ConsoleWorld, command: str, fenced: tuple[str, int]) -> None:
+async def _undo(world: ConsoleWorld, command: str, fenced: Fenced) -> None:
     with contextlib.suppress(ReplyLost):  # what is still there is read back next, and reported
         await world.run(command, fenced)
 
@@ -482,8 +486,8 @@ def _add_lease(module: Module, name: str, lease: LeaseDef, transport: TransportN
 
     async def put(call: LeaseCall, value: Any, commands: Commands) -> None:
         world: ConsoleWorld = call.state
-        fenced = (lease_fence_target(name, call.target), call.fence)
-        world.fences.accept(*fenced)
+        fenced = (lease_fence_target(name, call.target), call.fence, True)
+        world.fences.accept(fenced[0], call.fence, lease=True)
         try:
             for command in world.render_all(commands, {**context(call), "value": value}):
                 try:

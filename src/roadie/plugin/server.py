@@ -234,9 +234,10 @@ class ModuleServer:
             return refused_reply(exc)
         except Superseded as exc:
             # The module's own fence check (one that keeps its marks with its world) refused
-            # the call: the same answer as the key ledger's, without the mark it did not say.
+            # the call: the same answer as the key ledger's, with the mark where it said it.
             log.info("call superseded", module=self.module.name, kind=kind, reason=exc.message)
-            return Reply(protocol.SUPERSEDED, superseded_error(exc.message or type(exc).__doc__ or "superseded"))
+            message = exc.message or type(exc).__doc__ or "superseded"
+            return Reply(protocol.SUPERSEDED, superseded_error(message, exc.mark))
         except StepError as exc:
             message = exc.message or type(exc).__name__
             if not exc.retryable:

@@ -252,9 +252,10 @@ def refused_reply(exc: Refusal) -> Reply:
     return Reply(exc.status, protocol.error_body(exc.message, retryable=exc.retryable, field=exc.field), exc.headers)
 
 
-def superseded_error(message: str) -> dict[str, Any]:
-    """A 412's body when the module itself refused a stale fence and said no mark."""
-    detail = protocol.ErrorDetail(message=message, field="fence", code="superseded")
+def superseded_error(message: str, mark: int | None = None) -> dict[str, Any]:
+    """A 412's body when the module itself refused a stale fence (with its mark, where it
+    said it)."""
+    detail = protocol.ErrorDetail(message=message, field="fence", code="superseded", fence=mark)
     return protocol.ErrorBody(error=detail).model_dump(exclude_none=True)
 
 

@@ -7,7 +7,8 @@ from roadie.errors import Superseded
 
 
 class FenceMarks:
-    """The highest fence accepted per target (a step's key, a `lease#target`).
+    """The highest fence accepted per target: a step's key, or a lease's target (`lease`),
+    the two kept apart, since a key may be spelt like a lease.
 
     `accept` is the check and the raise of the mark in one step, with no await between,
     so two calls of one process cannot both pass it out of order. A fence of 0 is a call
@@ -17,22 +18,30 @@ class FenceMarks:
     """
 
     def __init__(self) -> None:
-        self._marks: dict[str, int] = {}
+        self._marks: dict[tuple[str, str], int] = {}
 
-    def accept(self, target: str, fence: int) -> None:
-        """Take a call under `fence` for `target`, or raise `Superseded`."""
-        self.check(target, fence)
+    def accept(self, target: str, fence: int, *, lease: bool = False) -> None:
+        """Take a call under `fence` for a step's key (a lease's target, with `lease`), or
+        raise `Superseded`."""
+        self._accept(("lease" if lease else "key", target), fence)
+
+    def check(self, target: str, fence: int, *, lease: bool = False) -> None:
+        """Raise `Superseded` when a newer owner has acted for `target` since `fence` was
+        accepted: a call that sends several commands asks before each."""
+        self._check(("lease" if lease else "key", target), fence)
+
+    def mark(self, target: str, *, lease: bool = False) -> int:
+        return self._marks.get(("lease" if lease else "key", target), 0)
+
+    def _accept(self, target: tuple[str, str], fence: int) -> None:
+        self._check(target, fence)
         if fence > 0:
             self._marks[target] = fence
 
-    def check(self, target: str, fence: int) -> None:
-        """Raise `Superseded` when a newer owner has acted for `target` since `fence` was
-        accepted: a call that sends several commands asks before each."""
+    def _check(self, target: tuple[str, str], fence: int) -> None:
         mark = self._marks.get(target, 0)
         if 0 < fence < mark:
             raise Superseded(
-                f"fence {fence} is older than fence {mark}, already accepted for {target}: a newer owner has acted"
+                f"fence {fence} is older than fence {mark}, already accepted for {target[1]}: a newer owner has acted",
+                mark=mark,
             )
-
-    def mark(self, target: str) -> int:
-        return self._marks.get(target, 0)

@@ -79,7 +79,8 @@ class SandboxWorld(FaultGate):
         if row is not None and fence < row[0]:
             raise Superseded(
                 f"sandbox: fence {fence} is older than fence {row[0]}, already accepted for {target}:"
-                " a newer owner has acted"
+                " a newer owner has acted",
+                mark=row[0],
             )
         db.execute(
             "INSERT INTO fences (kind, target, mark) VALUES (?, ?, ?)"
