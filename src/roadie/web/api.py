@@ -284,7 +284,8 @@ async def run_ledger(
 )
 async def run_stream(request: Request, run_id: RowId, who: Viewer) -> StreamingResponse:
     """Live updates of a run as server-sent events: `run` whenever its state or a step's
-    changes, then `end` once it has ended and any automatic cleanup is done."""
+    changes (the first with every step's status and attempts, each later one with only the
+    steps that changed), then `end` once it has ended and any automatic cleanup is done."""
     state = state_of(request)
     await state.store.get_run(run_id)
     stream = run_events(state.store, state.broker, run_id, poll=state.options.poll)

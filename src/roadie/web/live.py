@@ -67,11 +67,20 @@ def summary(run: RunRow, steps: list[StepRow]) -> dict[str, Any]:
     }
 
 
+def _changes(last: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """`now` with only its steps that differ from `last`'s."""
+    before = last["steps"]
+    return {**now, "steps": {k: v for k, v in now["steps"].items() if before.get(k) != v}}
+
+
 def _event(name: str, data: Any) -> str:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
 async def run_events(store: Store, broker: Broker, run_id: int, *, poll: float = 1.0) -> AsyncIterator[str]:
+    """`run` with the run's summary and every step first, then `run` again with only the
+    steps that changed since the one before (a 1000-step run sends a few, not a thousand),
+    and `end` once it has settled."""
     last: dict[str, Any] | None = None
     quiet = 0.0
     while True:
@@ -81,7 +90,7 @@ async def run_events(store: Store, broker: Broker, run_id: int, *, poll: float =
         except StoreError:
             return  # the database went: the stream ends, and the outage is said once elsewhere
         if now != last:
-            yield _event("run", now)
+            yield _event("run", now if last is None else _changes(last, now))
             last, quiet = now, 0.0
         if settled(run):
             yield _event("end", {"run_id": run_id, "status": run.status, "cleanup_status": run.cleanup_status})
