@@ -13,6 +13,7 @@ the machine's load, so a change of a few per cent can be seen.
 
     .venv/bin/python benchmarks/step_cost.py --callgrind   # runs itself under valgrind
     .venv/bin/python benchmarks/step_cost.py --profile    # cProfile of the measured part
+    .venv/bin/python benchmarks/step_cost.py --callgrind --transactions   # one empty transaction
 
 Outside callgrind it prints CPU seconds per step instead (noisy on a shared host).
 """
@@ -31,11 +32,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
 from throughput import open_bench
 
 from roadie.runtime import freeze_heap
+from roadie.store import Store
 
 _MARK_C = r"""
 #include <valgrind/callgrind.h>
@@ -44,6 +50,7 @@ void mark_stop(const char *name) { CALLGRIND_DUMP_STATS_AT(name); CALLGRIND_STOP
 """
 
 SHAPES = (("1x200", 1, 200), ("40x5", 40, 5))
+TRANSACTIONS = 200  # of each kind, with --transactions
 WARM = (("warm 1x20", 1, 20), ("warm 4x5", 4, 5))
 
 
@@ -81,16 +88,49 @@ async def _shape(
         await store.close()
 
 
+async def _transactions(url: str, mark: ctypes.CDLL | None) -> None:
+    """`select(1)` through the store's read and write transactions, TRANSACTIONS of each kind."""
+    store = await Store.open(url)
+    statement = select(1)
+
+    async def work(conn: AsyncConnection) -> None:
+        await conn.execute(statement)
+
+    kinds: dict[str, Callable[[], Awaitable[Any]]] = {
+        "read": lambda: store._read(work),
+        "read1": lambda: store._read(work, one_statement=True),
+        "write": lambda: store._write("bench", work),
+    }
+    try:
+        for _ in range(20):  # compiled, and the pool's connections open
+            for run in kinds.values():
+                await run()
+        for name, run in kinds.items():
+            if mark is not None:
+                mark.mark_start()
+            for _ in range(TRANSACTIONS):
+                await run()
+            if mark is not None:
+                mark.mark_stop(name.encode())
+    finally:
+        await store.close()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", action="store_true", help="print cProfile's top functions of the measured part")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--callgrind", action="store_true", help="run under callgrind: instructions per step")
     parser.add_argument("--keep", type=Path, help="with --callgrind: copy callgrind's dumps into this folder")
+    parser.add_argument("--transactions", action="store_true", help="count empty store transactions, not steps")
     args = parser.parse_args(argv)
     if args.callgrind:
-        return _callgrind(args.keep)
+        return _callgrind(args.keep, ["--transactions"] if args.transactions else [])
     logging.disable(logging.CRITICAL)  # the store's close-time chatter, not what is measured
+    if args.transactions:
+        with tempfile.TemporaryDirectory() as tmp_name:
+            asyncio.run(_transactions(f"sqlite:///{tmp_name}/t.db", _marker(Path(tmp_name))))
+        return 0
     freeze_heap()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -125,12 +165,12 @@ def _by_package(stats: pstats.Stats) -> None:
         print(f"{seconds * 1000:8.1f} ms  {place}")
 
 
-def _callgrind(keep: Path | None) -> int:
+def _callgrind(keep: Path | None, extra: list[str]) -> int:
     """Run this script under callgrind and print instructions per step from its dumps."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-        done = subprocess.run([*command, sys.executable, __file__], capture_output=True, text=True)
+        done = subprocess.run([*command, sys.executable, __file__, *extra], capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode
@@ -147,6 +187,8 @@ def _callgrind(keep: Path | None) -> int:
             for name, runs, steps in SHAPES:
                 if desc == name and total:
                     print(f"{name}: {int(total) / (runs * steps) / 1e6:.3f} M instructions per step", flush=True)
+            if desc in ("read", "read1", "write") and total:
+                print(f"{desc}: {int(total) / TRANSACTIONS:,.0f} instructions per transaction", flush=True)
     return 0
 
 
