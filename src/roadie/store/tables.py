@@ -38,6 +38,9 @@ PRECISE_DATETIME = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mari
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
+_TEXT = "%04d-%02d-%02d %02d:%02d:%02d.%06d"  # a time on SQLite: SQLAlchemy's DATETIME text
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """A datetime stored naive in UTC and always read back aware."""
 
@@ -81,7 +84,10 @@ class UTCDateTime(TypeDecorator[datetime]):
                 raise ValueError("naive datetimes are refused: pass an aware UTC time")
             if value.tzinfo is not UTC:
                 value = value.astimezone(UTC)
-            return value.isoformat(" ", "microseconds")[:-6]  # without its "+00:00"
+            # isoformat's text without its "+00:00", made here: isoformat goes through C's
+            # printf a field at a time and costs about 2,000 instructions more, ten times a step.
+            v = value
+            return _TEXT % (v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond)
 
         return process
 
