@@ -307,8 +307,11 @@ class LossyProxy:
 class Project:
     """A Roadie project folder whose roadie.toml names a shipped console definition."""
 
-    def __init__(self, home: Path, module: str, definition: str, address: str) -> None:
+    def __init__(
+        self, home: Path, module: str, definition: str, address: str, *, keep_interval: float | None = None
+    ) -> None:
         self.home = home
+        self.keep_interval = keep_interval
         home.mkdir(parents=True, exist_ok=True)
         self.module = module
         self.env = {**os.environ, f"ROADIE_CONSOLE_{module.upper()}": PASSWORD}
@@ -321,8 +324,10 @@ class Project:
     def write_config(self, definition: str, address: str) -> None:
         (self.home / "roadie.toml").write_text(
             f'database_url = "sqlite:///{self.home / "roadie.db"}"\n\n'
-            "[engine]\npoll_interval = 0.05\n\n"
-            f'[modules.{self.module}]\nconsole = "{REPO / definition}"\naddress = "{address}"\n'
+            "[engine]\npoll_interval = 0.05\n"
+            + ("" if self.keep_interval is None else f"keep_interval = {self.keep_interval}\n")
+            + "\n"
+            + f'[modules.{self.module}]\nconsole = "{REPO / definition}"\naddress = "{address}"\n'
         )
 
     @staticmethod

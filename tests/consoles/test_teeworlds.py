@@ -83,8 +83,10 @@ def test_a_teeworlds_server_killed_mid_event_is_reached_again_and_cleanup_ends_e
     """Teeworlds keeps its settings in memory: a SIGKILL loses the borrowed ones, and the
     restarted server reads its command line again (and has no econ until the kernel frees
     the dead server's port). The console's connection is opened again; the later phase is
-    retried until it can be; cleanup writes only what is not back already."""
-    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}")
+    retried until it can be; cleanup writes only what is not back already. The worker's
+    look at a run's borrows is off here, so that the restart's loss is what cleanup meets
+    (the next test is that look)."""
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}", keep_interval=0)
     before = _world(tee)
     (project.home / "frenzy.yaml").write_text(EVENT.format(cleanup="auto", after="4s"))
     applied = project.run("event", "apply", "frenzy.yaml")
@@ -108,6 +110,44 @@ def test_a_teeworlds_server_killed_mid_event_is_reached_again_and_cleanup_ends_e
         project.stop_worker()
     shown = project.show(run_id)
     assert (shown["run"]["status"], shown["run"]["cleanup_status"]) == ("succeeded", "complete"), shown
+    assert _world(tee) == before
+
+
+def test_a_restarted_teeworlds_server_gets_the_runs_borrows_back_while_the_run_goes_on(
+    tee: Teeworlds, tmp_path: Path
+) -> None:
+    """Issue 37 item 4 on a console: the server knows nothing of Roadie and announces
+    nothing, so the worker's regular look finds the restart: each borrow the world shows at
+    its value from before is put back, and the run's audit says so."""
+    project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}", keep_interval=1)
+    before = _world(tee)
+    (project.home / "frenzy.yaml").write_text(EVENT.format(cleanup="auto", after="1h"))
+    run_id = project.json("run", "start", "frenzy.yaml")["id"]
+    project.start_worker()
+    try:
+        wait_for("the setup phase", lambda: tee.setting("sv_scorelimit") == "5", 60, every=0.3)
+        tee.kill()
+        tee.start()
+
+        def reapplied() -> list[str] | None:
+            entries = project.json("audit", "--run", str(run_id), "--action", "world")
+            refs = sorted(str((e["detail"] or {}).get("ref", "")) for e in entries if e["action"] == "world.reapplied")
+            return refs if len(refs) >= 2 else None
+
+        refs = wait_for("the worker to put both borrows back", reapplied, 120, every=0.5)
+        assert refs == ["tee.motd", "tee.scorelimit"], refs
+        assert (tee.setting("sv_motd"), tee.setting("sv_scorelimit")) == ("Frenzy weekend; first to 5 wins", "5")
+        assert project.show(run_id)["run"]["status"] == "running"
+        assert project.run("run", "cancel", str(run_id)).returncode == 0
+        wait_for(
+            "the run to be cleaned up",
+            lambda: project.show(run_id)["run"]["cleanup_status"] in ("complete", "incomplete"),
+            120,
+            every=0.5,
+        )
+    finally:
+        project.stop_worker()
+    assert project.show(run_id)["run"]["cleanup_status"] == "complete"
     assert _world(tee) == before
 
 
