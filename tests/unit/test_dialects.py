@@ -176,3 +176,25 @@ def test_several_hosts_are_tried_in_order_the_first_down() -> None:
             await engine.dispose()
 
     assert asyncio.run(main()) == (server.database, False)
+
+
+def test_a_deleted_sqlite_file_is_never_made_again_by_a_new_connection(tmp_path: Path) -> None:
+    """A worker's look at its runs opened a new connection after the file was deleted,
+    which made an empty file in its place: the worker then said "replaced" for "deleted",
+    and left a database nobody had made. (A space in the path, which a URI escapes.)"""
+
+    async def main(path: Path) -> str | None:
+        store = await Store.open(f"sqlite:///{path}")
+        try:
+            os.unlink(path)
+            await store.engine.dispose()  # the pool's connections gone: the next read opens one
+            with pytest.raises(Exception, match="unable to open database file"):
+                await store.list_runs()
+            return store.file_lost()
+        finally:
+            await store.close()
+
+    for name in ("roadie.db", "a name with spaces.db"):
+        path = tmp_path / name
+        assert asyncio.run(main(path)) == f"the database file {path} was deleted"
+        assert not path.exists()

@@ -9,12 +9,16 @@ page's read of three statements in a transaction went from 14 trips to 5.
 Only `execute` and `executemany` of the ordinary (buffered) cursor change: the rows come
 back whole, as SQLAlchemy's cursor fetched them anyway. Server-side cursors, errors and
 everything else are the stock adapter's.
+
+A connection never makes its file: the store makes it (in WAL) before the engine opens
+it, and a file gone later must stay gone, so the worker can say it was deleted.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -74,6 +78,11 @@ class _Connection(AsyncAdapt_aiosqlite_connection):
 
 class _DBAPI(AsyncAdapt_aiosqlite_dbapi):
     def connect(self, *arg: Any, **kw: Any) -> AsyncAdapt_aiosqlite_connection:
+        if arg and not kw.get("uri") and arg[0] not in ("", ":memory:"):
+            # Opened read-write, never created: a new connection of a worker whose file
+            # was deleted made an empty one in its place, which then read as "replaced".
+            arg = (f"{Path(arg[0]).absolute().as_uri()}?mode=rw", *arg[1:])
+            kw["uri"] = True
         stock = super().connect(*arg, **kw)  # the driver's connection, opened as the stock adapter does
         return _Connection(self, stock._connection)
 
