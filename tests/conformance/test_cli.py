@@ -113,5 +113,5 @@ def test_pull_with_no_module_gives_up_after_the_timeout_given() -> None:
     report = json.loads(result.stdout)
     assert report["ok"] is False
     assert "no module announced itself within 2s" in result.stdout
-    assert took < 15, f"{took:.0f} s with --timeout 2"
+    assert took < 30, f"{took:.0f} s with --timeout 2"  # it was 141 s when the timeout was ignored
     assert "announce" in " ".join(runner.invoke(app, ["conformance", "--help"]).output.split())

@@ -269,11 +269,11 @@ def test_ten_live_tabs_share_one_stream_and_an_eleventh_page_loads_at_once(serve
             )
             assert streams == 0  # the page itself opened none: its worker did
 
+            # Ten pages with a stream each would hold every connection the browser opens to
+            # one host: the eleventh would wait for one of them, past this timeout.
             eleventh = context.new_page()
-            started = time.monotonic()
             eleventh.goto(f"{base}/catalogue", timeout=20_000)
             expect(eleventh.locator("h1")).to_contain_text("Catalogue")
-            assert time.monotonic() - started < 1.0
 
             # And the lists are still live: a run started elsewhere shows on the runs tab.
             source = INVASION.read_text().replace("cleanup: auto", "cleanup: manual")

@@ -236,7 +236,9 @@ def test_a_database_server_that_stops_answering_is_said_and_the_site_comes_back_
         started = time.monotonic()
         refused = served.start_run()
         assert refused.status_code == 503
-        assert time.monotonic() - started < 2  # at once, not after the driver's timeout
+        # At once: a write that tried the database would wait out its reconnects (about
+        # 6 to 11 s, roadie.store.connector) or the pool's 30 s.
+        assert time.monotonic() - started < 5
         assert "does not answer" in refused.json()["error"]
 
         proxy.join()
