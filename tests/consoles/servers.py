@@ -363,6 +363,11 @@ class Project:
                 self.worker.wait(10)
             self.worker = None
 
+    def worker_said(self, lines: int = 40) -> str:
+        """The end of the worker's log, for a failure's message."""
+        said = self.worker_log.read_text(errors="replace").splitlines() if self.worker_log.exists() else []
+        return "\n".join(["--- worker log ---", *said[-lines:]])
+
     def show(self, run_id: int) -> dict[str, Any]:
         shown: dict[str, Any] = self.json("run", "show", str(run_id))
         return shown

@@ -134,7 +134,10 @@ def test_a_restarted_teeworlds_server_gets_the_runs_borrows_back_while_the_run_g
             refs = sorted(str((e["detail"] or {}).get("ref", "")) for e in entries if e["action"] == "world.reapplied")
             return refs if len(refs) >= 2 else None
 
-        refs = wait_for("the worker to put both borrows back", reapplied, 120, every=0.5)
+        try:
+            refs = wait_for("the worker to put both borrows back", reapplied, 120, every=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{project.worker_said()}\n--- server log ---\n{tee.log_tail()}") from None
         assert refs == ["tee.motd", "tee.scorelimit"], refs
         assert (tee.setting("sv_motd"), tee.setting("sv_scorelimit")) == ("Frenzy weekend; first to 5 wins", "5")
         assert project.show(run_id)["run"]["status"] == "running"
