@@ -92,8 +92,9 @@ netns:
 chaos: $(STAMP) netns
 	rm -f .chaos.jsonl
 	ROADIE_CHAOS_REPORT=.chaos.jsonl ROADIE_NETWORK_RUNS=200 ROADIE_NETWORK_SECONDS=120 \
-		ROADIE_FAILOVERS=3 ROADIE_FAILOVER_RUNS=40 $(BIN)/python -m pytest tests/chaos -m chaos \
-		--chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
+		ROADIE_FAILOVERS=3 ROADIE_FAILOVER_RUNS=40 ROADIE_CHAOS_RUNS=100 $(BIN)/python -m pytest tests/chaos \
+		-m "chaos or slow" --chaos-trials 30 --chaos-trials-mariadb 30 --soak-runs 2000
+	ROADIE_PROPERTY_EXAMPLES=500 ROADIE_VERDICT_EXAMPLES=200 $(BIN)/python -m pytest tests/property
 	ROADIE_REMOTE_TRIALS=5 ROADIE_CHAOS_REPORT=.chaos.jsonl $(BIN)/python -m pytest tests/remote -k exact_through
 	status=0; \
 	$(BIN)/python -m tests.sim --seeds 10000 --backend sqlite --report .chaos.jsonl 2>.sim-failures.txt || status=1; \

@@ -470,8 +470,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--chaos-trials",
         type=int,
-        default=int(os.environ.get("ROADIE_CHAOS_TRIALS", "10")),
-        help="SIGKILL trials per write point and database in tests/chaos (default 10, or ROADIE_CHAOS_TRIALS)",
+        default=int(os.environ.get("ROADIE_CHAOS_TRIALS", "3")),
+        help="SIGKILL trials per write point and database in tests/chaos (default 3, or ROADIE_CHAOS_TRIALS)",
     )
     group.addoption(
         "--chaos-trials-mariadb",
@@ -482,8 +482,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--soak-runs",
         type=int,
-        default=int(os.environ.get("ROADIE_SOAK_RUNS", "50")),
-        help="runs of the random-fault soak in tests/chaos (default 50, or ROADIE_SOAK_RUNS)",
+        default=int(os.environ.get("ROADIE_SOAK_RUNS", "20")),
+        help="runs of the random-fault soak in tests/chaos (default 20, or ROADIE_SOAK_RUNS)",
     )
 
     group.addoption(

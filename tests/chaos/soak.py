@@ -12,7 +12,7 @@ setting or a live row is a resource lost.
 
     .venv/bin/python -m tests.chaos.soak --runs 2000 [--database-url URL] [--seed N] [--json FILE]
 
-`tests/chaos/test_soak.py` runs it at `--soak-runs` size (default 50) in the suite.
+`tests/chaos/test_soak.py` runs it at `--soak-runs` size (default 20) in the suite.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ is complete, every ledger row is final, no target has two live rows, the world e
 its start, and the sandbox's effects log shows each object made once and removed once.
 
 Trials vary the object counts and the drain's concurrency. `--chaos-trials N` (or
-`ROADIE_CHAOS_TRIALS`) sets the trials per point (default 10); `ROADIE_CHAOS_REPORT=FILE`
+`ROADIE_CHAOS_TRIALS`) sets the trials per point (default 3); `ROADIE_CHAOS_REPORT=FILE`
 appends one JSON line of figures per point and database.
 """
 

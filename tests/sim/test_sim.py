@@ -23,7 +23,7 @@ from tests.sim.figures import Figures
 from tests.sim.simulation import quiet_logging, run_seed
 
 # Seeds per backend at CI size: about 70 s on SQLite, 25-30 s on each server (2 shared cores).
-CI_SEEDS = {"sqlite": 40, "postgresql": 8, "mariadb": 8}
+CI_SEEDS = {"sqlite": 20, "postgresql": 4, "mariadb": 4}
 
 
 @pytest.fixture(params=[b for b in BACKENDS if b in CI_SEEDS])  # a pooler changes no interleaving
