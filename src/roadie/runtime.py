@@ -11,22 +11,24 @@ import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
 from roadie.config import Settings, check_engine, load_settings
-from roadie.store import Store, dialects
+from roadie.store import dialects
+from roadie.store.connector import Connector
 
 log = structlog.get_logger(__name__)
 
-# The engine, the registry and the remote modules are imported by what opens them
-# (`open_context`), not with this module: `open_store` loads none of them.
+# The engine, the registry, the remote modules and the whole store are imported by what
+# opens them (`open_context`), not with this module: `open_store` loads none of them.
 if TYPE_CHECKING:
     from roadie.engine import Engine, EngineOptions
     from roadie.registry import Registry
     from roadie.remote import Remotes
     from roadie.remote.gateway import Gateway  # a web app: its libraries are the `web` extra's
+    from roadie.store import Store
 
 
 _frozen = False
@@ -94,6 +96,7 @@ async def open_context(
     from roadie.engine.notify import parse_webhooks
     from roadie.registry import build_registry
     from roadie.remote import attach_remote_modules
+    from roadie.store import Store
 
     settings = load_settings(database_url, config)
     webhooks = parse_webhooks(settings.webhooks, settings.source)
@@ -129,14 +132,19 @@ async def open_context(
         await registry.close()
 
 
+Queries = TypeVar("Queries", bound=Connector)
+
+
 @asynccontextmanager
-async def open_store(database_url: str | None, config: str | None) -> AsyncIterator[Store]:
+async def open_store(database_url: str | None, config: str | None, queries: type[Queries]) -> AsyncIterator[Queries]:
     """Open the database (migrating it) and nothing else, for a command that only reads
     what is stored (`run list`, `audit`...): no module is loaded or set up, no remote
-    module's server asked for its manifest, no engine built. Where the SQLite file does
-    not exist (in a folder that does), it is the same as `open_context(looks=True)`."""
+    module's server asked for its manifest, no engine built. `queries` is the store's
+    queries of the one concern the command reads (`RunQueries` for `run list`), so that
+    it imports those and not every query of the store. Where the SQLite file does not
+    exist (in a folder that does), it is the same as `open_context(looks=True)`."""
     url = load_settings(database_url, config).database_url
-    store = await Store.open(dialects.IN_MEMORY if _stand_in(url) else url)
+    store = await queries.open(dialects.IN_MEMORY if _stand_in(url) else url)
     try:
         yield store
     finally:

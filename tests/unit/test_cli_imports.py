@@ -113,13 +113,16 @@ def test_completion_loads_nothing_heavy(tmp_path: Path) -> None:
 
 def test_run_list_opens_the_database_alone(tmp_path: Path) -> None:
     """`roadie run list` on a database `roadie init` made reads the store and nothing more:
-    no module is loaded, no engine built, no remote client; and Alembic is not loaded to
-    find the schema at the newest migration."""
+    no module is loaded, no engine built, no remote client; of the store, the queries of
+    runs alone, not those of every other concern; and Alembic is not loaded to find the
+    schema at the newest migration."""
     subprocess.run([sys.executable, "-m", "roadie.cli.main", "init"], cwd=tmp_path, check=True, capture_output=True)
     modules, printed = loaded(["run", "list"], tmp_path)
-    assert "roadie.store" in modules
+    assert "roadie.store.runs" in modules
     unread = ("roadie.engine", "roadie.registry", "roadie.modules", "roadie.remote", "roadie.definitions", "alembic")
     assert among(modules, (*unread, "httpx", "fastapi", "yaml", "jinja2")) == []
+    other_concerns = ("roadie.store.store", "roadie.store.drain", "roadie.store.ledger", "roadie.store.cleanups")
+    assert among(modules, other_concerns) == []
     assert "┃ run ┃" in printed
 
 

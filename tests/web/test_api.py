@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from roadie.cli.main import app
 from roadie.states import AUTO_CLEANUP_ROUNDS
-from roadie.web import dashboard, tokens
+from roadie.web import tokens
+from roadie.web.dashboard import run as run_pages
 from roadie.web.timeline import layout
 from tests.web.conftest import QUICK, SLOW, Site
 
@@ -236,7 +237,7 @@ def test_a_finished_runs_page_is_drawn_once_and_drawn_again_when_its_rows_change
         drawn.append(run.id)
         return layout(run, steps, now, **how)
 
-    monkeypatch.setattr(dashboard, "layout", counted)
+    monkeypatch.setattr(run_pages, "layout", counted)
     site.upload(QUICK)
     run = _start(site, "quick-raid")
     assert site.wait_settled(run["id"])["cleanup_status"] == "pending"

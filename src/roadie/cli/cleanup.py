@@ -27,7 +27,6 @@ from roadie.states import CleanupStatus
 if TYPE_CHECKING:
     from roadie.engine.cleanup import PreviewGroup
     from roadie.runtime import Context
-    from roadie.store import Store
 
 
 def cleanup(
@@ -256,11 +255,12 @@ def leases(
 ) -> None:
     """Leases in force across the world: which run holds which target, until when."""
     from roadie import views
+    from roadie.store.leases import LeaseQueries
 
-    async def work(store: Store) -> list[Any]:
+    async def work(store: LeaseQueries) -> list[Any]:
         return await store.leases_in_force()
 
-    found = [views.Lease.of(r) for r in in_store(database_url, config, work, as_json=as_json)]
+    found = [views.Lease.of(r) for r in in_store(database_url, config, LeaseQueries, work, as_json=as_json)]
     if as_json:
         print_json(views.shown_all(views.Lease, found))
         return
@@ -284,10 +284,12 @@ def audit(
 ) -> None:
     """The audit log: who did what, newest first."""
 
-    async def work(store: Store) -> list[Any]:
+    from roadie.store.audit import AuditQueries
+
+    async def work(store: AuditQueries) -> list[Any]:
         return await store.list_audit(f"run:{run_id}" if run_id else None, limit, actor=actor, action=action)
 
-    rows = in_store(database_url, config, work, as_json=as_json)
+    rows = in_store(database_url, config, AuditQueries, work, as_json=as_json)
     if as_json:
         from roadie import views
 

@@ -37,9 +37,10 @@ from roadie.errors import (
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
-    from roadie.store import Store
+    from roadie.store.connector import Connector
 
 T = TypeVar("T")
+Q = TypeVar("Q", bound="Connector")  # the queries of one concern of the store (`in_store`)
 
 # Piped output is not cut to 80 columns: a table is as wide as its widest row.
 PIPED_WIDTH = 10_000
@@ -193,14 +194,20 @@ def in_context(
 
 
 def in_store(
-    database_url: str | None, config: str | None, work: Callable[[Store], Awaitable[T]], *, as_json: bool = False
+    database_url: str | None,
+    config: str | None,
+    queries: type[Q],
+    work: Callable[[Q], Awaitable[T]],
+    *,
+    as_json: bool = False,
 ) -> T:
     """As `in_context`, for a command that reads only what is stored: it opens the
-    database alone (`open_store`), and loads neither the modules nor the engine."""
+    database alone with the `queries` of the concern it reads (`open_store`), and loads
+    neither the modules, the engine nor the rest of the store."""
     from roadie.runtime import open_store
 
     async def go() -> T:
-        async with open_store(database_url, config) as store:
+        async with open_store(database_url, config, queries) as store:
             return await work(store)
 
     return _run(go, as_json=as_json)

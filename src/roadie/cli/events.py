@@ -13,7 +13,6 @@ from roadie.cli.common import ConfigOption, DatabaseOption, JsonOption, console,
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
-    from roadie.store import Store
 
 event_app = group("Event definitions: validate, apply, list.")
 
@@ -81,10 +80,12 @@ def event_list(
 ) -> None:
     """List events, newest version of each."""
 
-    async def work(store: Store) -> list[Any]:
+    from roadie.store.events import EventQueries
+
+    async def work(store: EventQueries) -> list[Any]:
         return await store.list_events()
 
-    rows = in_store(database_url, config, work, as_json=as_json)
+    rows = in_store(database_url, config, EventQueries, work, as_json=as_json)
     if as_json:
         from roadie import views
 

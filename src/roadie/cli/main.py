@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 import typer
@@ -60,6 +59,8 @@ app.command("secret")(secret)
 
 def _version(asked: bool) -> None:
     if asked:
+        from importlib import metadata  # here: reading the installed packages is a few hundredths of a second
+
         try:
             version = metadata.version("roadie")
         except metadata.PackageNotFoundError:  # pragma: no cover - a source tree never installed

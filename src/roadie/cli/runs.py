@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
     from roadie.engine.cleanup import PreviewGroup
     from roadie.runtime import Context
-    from roadie.store import Store
     from roadie.store.rows import RunRow
 
 run_app = group("Runs: start, list, show, cancel.")
@@ -209,10 +208,12 @@ def run_list(
 ) -> None:
     """List runs, newest first."""
 
-    async def work(store: Store) -> list[RunRow]:
+    from roadie.store.runs import RunQueries
+
+    async def work(store: RunQueries) -> list[RunRow]:
         return await store.list_runs(status=status, event_id=event, limit=limit)
 
-    runs = in_store(database_url, config, work, as_json=as_json)
+    runs = in_store(database_url, config, RunQueries, work, as_json=as_json)
     if as_json:
         from roadie import views
 

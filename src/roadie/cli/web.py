@@ -26,7 +26,6 @@ from roadie.cli.common import (
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
-    from roadie.store import Store
 
 token_app = group("API tokens of `roadie serve`: create, list, revoke.")
 
@@ -136,10 +135,12 @@ def token_list(
 ) -> None:
     """Every token, revoked ones too. Secrets are never shown again."""
 
-    async def work(store: Store) -> list[Any]:
+    from roadie.store.auth import AuthQueries
+
+    async def work(store: AuthQueries) -> list[Any]:
         return await store.list_tokens()
 
-    rows = in_store(database_url, config, work, as_json=as_json)
+    rows = in_store(database_url, config, AuthQueries, work, as_json=as_json)
     if as_json:
         from roadie import views
 

@@ -26,7 +26,6 @@ from roadie.cli.common import (
 
 if TYPE_CHECKING:
     from roadie.runtime import Context
-    from roadie.store import Store
 
 webhooks_app = group("Notifications sent to the webhooks of roadie.toml ([[webhooks]]).")
 
@@ -42,10 +41,12 @@ def list_deliveries(
     """Each notification's delivery to each webhook, newest first: delivered, pending (with
     when it is tried again and why the last attempt failed), skipped or given up."""
 
-    async def work(store: Store) -> list[Any]:
+    from roadie.store.notify import NotifyQueries
+
+    async def work(store: NotifyQueries) -> list[Any]:
         return await store.list_deliveries(run_id, limit)
 
-    rows = in_store(database_url, config, work, as_json=as_json)
+    rows = in_store(database_url, config, NotifyQueries, work, as_json=as_json)
     if as_json:
         print_json([asdict(r) for r in rows])
         return

@@ -451,6 +451,25 @@ def _done(done: list[str], skipped: list[str]) -> str:
     return "; ".join(done + [f"skipped {x}" for x in skipped])
 
 
+async def _borrow(
+    s: Session, spec: protocol.LeaseSpec, target: str | None, label: str, name: str, skipped: list[str]
+) -> tuple[str, Any, Any] | None:
+    """Borrow a lease target as a run does: read it under a new key named `name`, then
+    apply another value (the one `--value` gives, else one `_another` finds), noted in
+    `s.borrowed` so that `cleanup` gives it back. The key, the value read and the value
+    applied; None, with why in `skipped`, when no other value can be found."""
+    key = s.new_key(name)
+    v0 = await s.lease_read(spec.name, target, key, f"{label} read")
+    try:
+        v1 = s.options.values[spec.name] if spec.name in s.options.values else _another(spec, v0)
+    except Skipped as exc:
+        skipped.append(f"{label}: {exc}")
+        return None
+    s.borrowed.setdefault((spec.name, target), (key, v0))
+    await s.ok("lease.apply", s.lease_body(spec.name, target, key, v1), f"{label} apply {json.dumps(v1)}")
+    return key, v0, v1
+
+
 async def check_lease_restore(s: Session) -> str:
     assert s.manifest is not None
     if not s.manifest.leases:
@@ -458,15 +477,10 @@ async def check_lease_restore(s: Session) -> str:
     done: list[str] = []
     skipped: list[str] = []
     for spec, target, label in _targets(s, s.manifest.leases, skipped):
-        key = s.new_key(f"lease-{spec.name}")
-        v0 = await s.lease_read(spec.name, target, key, f"{label} read")
-        try:
-            v1 = s.options.values[spec.name] if spec.name in s.options.values else _another(spec, v0)
-        except Skipped as exc:
-            skipped.append(f"{label}: {exc}")
+        borrow = await _borrow(s, spec, target, label, f"lease-{spec.name}", skipped)
+        if borrow is None:
             continue
-        s.borrowed.setdefault((spec.name, target), (key, v0))
-        await s.ok("lease.apply", s.lease_body(spec.name, target, key, v1), f"{label} apply {json.dumps(v1)}")
+        key, v0, v1 = borrow
         now = await s.lease_read(spec.name, target, key, f"{label} read after apply")
         if now != v1:
             raise Failed(f"{label}: applied {json.dumps(v1)} but read {json.dumps(now)}")
@@ -489,15 +503,10 @@ async def check_lease_late_apply(s: Session) -> str:
     done: list[str] = []
     skipped: list[str] = []
     for spec, target, label in _targets(s, s.manifest.leases, skipped):
-        key = s.new_key(f"late-{spec.name}")
-        v0 = await s.lease_read(spec.name, target, key, f"{label} read")
-        try:
-            v1 = s.options.values[spec.name] if spec.name in s.options.values else _another(spec, v0)
-        except Skipped as exc:
-            skipped.append(f"{label}: {exc}")
+        borrow = await _borrow(s, spec, target, label, f"late-{spec.name}", skipped)
+        if borrow is None:
             continue
-        s.borrowed.setdefault((spec.name, target), (key, v0))
-        await s.ok("lease.apply", s.lease_body(spec.name, target, key, v1), f"{label} apply {json.dumps(v1)}")
+        key, v0, v1 = borrow
         restore = s.lease_body(spec.name, target, s.new_key(f"restore-{spec.name}"), v0)
         await s.ok("lease.restore", restore, f"{label} restore {json.dumps(v0)}")
         status, answer = await s.ask("lease.apply", s.lease_body(spec.name, target, key, v1))
@@ -615,15 +624,10 @@ async def check_stale_fence(s: Session) -> str:
     for spec, target, label in _targets(s, s.manifest.leases, skipped):
         if any(d.startswith("lease") for d in done):
             break  # one lease target shows it
-        key = s.new_key(f"fence-{spec.name}")
-        v0 = await s.lease_read(spec.name, target, key, f"{label} read")
-        try:
-            v1 = s.options.values[spec.name] if spec.name in s.options.values else _another(spec, v0)
-        except Skipped as exc:
-            skipped.append(f"{label}: {exc}")
+        borrow = await _borrow(s, spec, target, label, f"fence-{spec.name}", skipped)
+        if borrow is None:
             continue
-        s.borrowed.setdefault((spec.name, target), (key, v0))
-        await s.ok("lease.apply", s.lease_body(spec.name, target, key, v1), f"{label} apply {json.dumps(v1)}")
+        key, v0, v1 = borrow
         fence = s.lease_fence(spec.name, target)
         late = s.new_key(f"fence-late-{spec.name}")
         await s.lease_read(spec.name, target, late, f"{label} read by an older owner")

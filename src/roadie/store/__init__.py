@@ -1,7 +1,13 @@
 """Storage: the schema, its migrations, and every query the engine makes."""
 
-from roadie.store.records import CleanupClaim, NewRun, mint_token
-from roadie.store.store import Claimed, NewResource, NewStep, Outcome, PhaseCounts, RunMove, Store
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from roadie.store.records import CleanupClaim, NewRun, mint_token
+    from roadie.store.store import Claimed, NewResource, NewStep, Outcome, PhaseCounts, RunMove, Store
 
 __all__ = [
     "Claimed",
@@ -15,3 +21,26 @@ __all__ = [
     "Store",
     "mint_token",
 ]
+
+# Imported when first used, not with the package: `Store` is every query module of the
+# store, and a command that reads one concern (`roadie run list` reads the runs) imports
+# `roadie.store.runs` or `roadie.store.dialects` alone, which imports this package first.
+_LAZY = {
+    **dict.fromkeys(("CleanupClaim", "NewRun", "mint_token"), "roadie.store.records"),
+    **dict.fromkeys(
+        ("Claimed", "NewResource", "NewStep", "Outcome", "PhaseCounts", "RunMove", "Store"), "roadie.store.store"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'roadie.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -94,7 +94,7 @@ class WebState:
     sessions: Recent[str, Any] = field(init=False)  # of `auth.Principal`, which imports this module
     # The pages of runs that have ended (whole, and their changing part), drawn once, with
     # the rows they were drawn from, undecoded: given again only while a read finds the
-    # same rows (dashboard.py). Keyed by run, viewer, whether the page is whole, and its filter.
+    # same rows (dashboard/run.py). Keyed by run, viewer, whether the page is whole, and its filter.
     drawn: Recent[tuple[int, str, str, str, bool, str], tuple[Any, str]] = field(init=False)
 
     def __post_init__(self) -> None:
