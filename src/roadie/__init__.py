@@ -7,8 +7,7 @@ them with `Engine` on a `Store`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from roadie.errors import (
     AnswerLost,
@@ -18,6 +17,7 @@ from roadie.errors import (
     RoadieError,
     StepError,
 )
+from roadie.lazy import lazy_names
 from roadie.states import CleanupStatus, Reversible, RunStatus, StepStatus
 
 if TYPE_CHECKING:
@@ -60,17 +60,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'roadie' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [
