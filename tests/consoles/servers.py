@@ -368,6 +368,15 @@ class Project:
         said = self.worker_log.read_text(errors="replace").splitlines() if self.worker_log.exists() else []
         return "\n".join(["--- worker log ---", *said[-lines:]])
 
+    def wait_cleaned_up(self, run_id: int, timeout: float) -> None:
+        """Until the run's cleanup has ended, complete or not (the run ended first)."""
+        wait_for(
+            f"run {run_id} to end and be cleaned up",
+            lambda: self.show(run_id)["run"]["cleanup_status"] in ("complete", "incomplete"),
+            timeout,
+            every=0.5,
+        )
+
     def show(self, run_id: int) -> dict[str, Any]:
         shown: dict[str, Any] = self.json("run", "show", str(run_id))
         return shown

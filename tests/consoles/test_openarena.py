@@ -116,12 +116,7 @@ def test_a_server_killed_mid_event_forgets_its_bots_and_settings_and_cleanup_sti
         arena.kill()  # during the wait before wave two
         arena.start()
         assert arena.world() == before  # what the server forgot
-        wait_for(
-            "the run to end and be cleaned up",
-            lambda: project.show(run_id)["run"]["cleanup_status"] in ("complete", "incomplete"),
-            180,
-            every=1.0,
-        )
+        project.wait_cleaned_up(run_id, 180)
     finally:
         project.stop_worker()
     shown = project.show(run_id)

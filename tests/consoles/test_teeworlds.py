@@ -100,12 +100,7 @@ def test_a_teeworlds_server_killed_mid_event_is_reached_again_and_cleanup_ends_e
         # What the restart forgot: the setup phase's settings (the next phase may already
         # have borrowed its own again by now).
         assert (tee.setting("sv_motd"), tee.setting("sv_scorelimit")) == (before["sv_motd"], before["sv_scorelimit"])
-        wait_for(
-            "the run to end and be cleaned up",
-            lambda: project.show(run_id)["run"]["cleanup_status"] in ("complete", "incomplete"),
-            240,
-            every=0.5,
-        )
+        project.wait_cleaned_up(run_id, 240)
     finally:
         project.stop_worker()
     shown = project.show(run_id)
@@ -142,12 +137,7 @@ def test_a_restarted_teeworlds_server_gets_the_runs_borrows_back_while_the_run_g
         assert (tee.setting("sv_motd"), tee.setting("sv_scorelimit")) == ("Frenzy weekend; first to 5 wins", "5")
         assert project.show(run_id)["run"]["status"] == "running"
         assert project.run("run", "cancel", str(run_id)).returncode == 0
-        wait_for(
-            "the run to be cleaned up",
-            lambda: project.show(run_id)["run"]["cleanup_status"] in ("complete", "incomplete"),
-            120,
-            every=0.5,
-        )
+        project.wait_cleaned_up(run_id, 120)
     finally:
         project.stop_worker()
     assert project.show(run_id)["run"]["cleanup_status"] == "complete"
