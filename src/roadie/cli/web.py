@@ -61,6 +61,8 @@ def serve(
     /healthz, with an embedded worker unless --no-worker. SIGTERM or Ctrl-C stops it
     gracefully: the worker lets in-flight steps answer first."""
     require_web("serve")
+    import asyncio
+
     import uvicorn
 
     from roadie.remote import gateway
@@ -86,8 +88,19 @@ def serve(
 
     app = create_app(options)
     config_ = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+
+    async def stop_worker() -> None:
+        web = getattr(app.state, "web", None)
+        if web is not None and web.worker_task is not None:
+            web.engine.stop()
+            await asyncio.wait([web.worker_task])
+
     freeze_heap()
-    Server(config_, lambda: getattr(getattr(app.state, "gateway", None), "queue", None)).run(sockets=[sock])
+
+    def queue() -> Any:
+        return getattr(getattr(app.state, "gateway", None), "queue", None)
+
+    Server(config_, queue, stop_worker).run(sockets=[sock])
 
 
 async def _opened(ctx: Context) -> None:

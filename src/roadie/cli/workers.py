@@ -125,7 +125,13 @@ def gateway(
     async def work(ctx: Context) -> None:
         ctx.remotes.queue.visibility = visibility
         config_ = uvicorn.Config(ctx.gateway().app(), host=host, port=port, log_level="warning")
-        server = gateway.Server(config_, lambda: ctx.remotes.queue)
+        worker: list[asyncio.Task[None]] = []
+
+        async def stop_worker() -> None:
+            ctx.engine.stop()
+            await asyncio.wait(worker)
+
+        server = gateway.Server(config_, lambda: ctx.remotes.queue, None if no_worker else stop_worker)
         # uvicorn stops on SIGINT/SIGTERM and then raises the signal again for the handler
         # it found: let that be one that does nothing, so a graceful stop exits 0.
         import signal
@@ -137,12 +143,12 @@ def gateway(
         if no_worker:
             await server.serve(sockets=[sock])
             return
-        worker_task = asyncio.create_task(ctx.engine.run_forever())
+        worker.append(asyncio.create_task(ctx.engine.run_forever()))
         try:
-            await server.serve(sockets=[sock])  # returns on SIGINT/SIGTERM (uvicorn handles them)
+            await server.serve(sockets=[sock])  # returns on SIGINT/SIGTERM, once the worker has stopped
         finally:
             ctx.engine.stop()
-            await worker_task
+            await worker[0]
         console.print("gateway stopped")
 
     in_context(database_url, config, work, concurrency=concurrency)
