@@ -198,10 +198,19 @@ class Roadie:
             raise
 
     def stop_gateway(self) -> None:
-        if self.gateway is not None:
-            self.gateway.terminate()
-            self.gateway.wait(30)
-            self.gateway = None
+        """SIGTERM, as systemd stops it; one that has not stopped within a minute is killed
+        (so the next test does not inherit it) and the test fails, with its log."""
+        gateway, self.gateway = self.gateway, None
+        if gateway is None:
+            return
+        gateway.terminate()
+        try:
+            gateway.wait(60)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+            said = self.gateway_log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"the gateway did not stop within 60 s of SIGTERM:\n{said}") from None
 
     @staticmethod
     def cli() -> list[str]:
