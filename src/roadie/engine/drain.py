@@ -201,7 +201,9 @@ class Drain(Advance):
                                 "recording answers failed; trying again", error=exc.message, steps=len(outcomes)
                             )
                             unrecorded = outcomes
-                            await asyncio.sleep(0.05 * failures)
+                            # On the engine's clock, as every pause (DESIGN §9): a simulation
+                            # decides when it passes, and a replay waits the same.
+                            await self.clock.sleep(0.05 * failures)
                             continue
                     unrecorded, failures = [], 0
                     for o in outcomes:
