@@ -210,7 +210,11 @@ class Simulation:
         holder: list[Slot] = []
         gated = GatedStore(self.gates, lambda: holder[0], store)
         options = EngineOptions(
-            concurrency=4, claim_ttl=CLAIM_TTL, seed=self.seed * 1000 + len(self.slots), render_in_thread=False
+            concurrency=4,
+            claim_ttl=CLAIM_TTL,
+            seed=self.seed * 1000 + len(self.slots),
+            render_in_thread=False,
+            record_pause=0.0,
         )
         engine = Engine(gated, self.registry, clock=self.clock, worker_id=worker_id, options=options)  # type: ignore[arg-type]
         slot = Slot(name, worker_id, store, gated, engine)

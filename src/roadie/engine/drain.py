@@ -201,9 +201,7 @@ class Drain(Advance):
                                 "recording answers failed; trying again", error=exc.message, steps=len(outcomes)
                             )
                             unrecorded = outcomes
-                            # On the engine's clock, as every pause (DESIGN §9): a simulation
-                            # decides when it passes, and a replay waits the same.
-                            await self.clock.sleep(0.05 * failures)
+                            await asyncio.sleep(self.options.record_pause * failures)
                             continue
                     unrecorded, failures = [], 0
                     for o in outcomes:
