@@ -38,7 +38,7 @@ What happens to the world from outside Roadie:
   back. The one write over a hand value that is not Roadie's fault is one whose read came
   before the edit: the lease protocol has no compare-and-set, so an edit that lands
   between a call's read and its write is lost, and the world then owes the value from
-  before the edit.
+  before the edit. The same holds for what a restart put back.
 - **Restarts.** The world saves now and then (`save`, and after every teardown: a
   removal, a restore, a layer popped), and a restart (`restart`) rolls it back to what
   it saved: objects made since are gone, settings written since (borrows, hand edits)
@@ -126,7 +126,6 @@ class Saved:
     settings: dict[str, Any]
     writers: dict[str, Writer]
     owed: dict[str, Any]
-    owed_before_hand: dict[str, Any]
 
 
 @dataclass
@@ -158,9 +157,10 @@ class SimWorld:
     reads: weakref.WeakKeyDictionary[asyncio.Task[Any], dict[str, Read]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
-    hand_at: dict[str, int] = field(default_factory=dict)  # target -> `changes` at its last hand edit
+    # target -> `changes` at the last change of it from outside Roadie (a hand edit, a restart)
+    outside_at: dict[str, int] = field(default_factory=dict)
     owed: dict[str, Any] = field(default_factory=dict)  # target -> the value the end owes, where a hand edit stands
-    owed_before_hand: dict[str, Any] = field(default_factory=dict)  # target -> what it owed before that edit
+    owed_before_outside: dict[str, Any] = field(default_factory=dict)  # target -> what it owed before that change
     hand_edits: int = 0
     saved: Saved | None = None
     saved_at: int = 0  # `changes` when the world last saved
@@ -218,18 +218,16 @@ class SimWorld:
         """Staff set a setting by hand, in the world, outside Roadie."""
         self.changes += 1
         self.hand_edits += 1
-        self.owed_before_hand[target] = self.expected(target)
+        self.owed_before_outside[target] = self.expected(target)
         self.owed[target] = value
-        self.hand_at[target] = self.changes
+        self.outside_at[target] = self.changes
         self.settings[target] = value
         self.writers[target] = Writer("hand", None)
         self.log.append(f"hand {target}={value!r}")
 
     def save(self) -> None:
         """The world saves what it shows: a restart comes back to this."""
-        self.saved = Saved(
-            dict(self.objects), dict(self.settings), dict(self.writers), dict(self.owed), dict(self.owed_before_hand)
-        )
+        self.saved = Saved(dict(self.objects), dict(self.settings), dict(self.writers), dict(self.owed))
         self.saved_at = self.changes
 
     def restart(self) -> None:
@@ -239,11 +237,13 @@ class SimWorld:
         self.lost.update(gone)
         self.objects = dict(self.saved.objects)
         changed = sorted(t for t, v in self.settings.items() if self.saved.settings[t] != v)
+        self.changes += 1
+        for target in changed:
+            self.owed_before_outside[target] = self.expected(target)
+            self.outside_at[target] = self.changes
         self.settings = dict(self.saved.settings)
         self.writers = dict(self.saved.writers)
         self.owed = dict(self.saved.owed)
-        self.owed_before_hand = dict(self.saved.owed_before_hand)
-        self.changes += 1
         self.saved_at = self.changes
         self.log.append(f"restart: lost {', '.join(gone) or 'no object'}; {', '.join(changed) or 'no setting'} back")
 
@@ -297,7 +297,15 @@ class SimWorld:
 
     def write_setting(self, target: str, value: Any, writer: Writer, read: Read | None) -> None:
         """Write a setting for Roadie. `read` is what the writing task last read of it."""
-        if self.writers.get(target, Writer("start", None)).how == "hand":
+        if read is not None and read.at < self.outside_at.get(target, -1):
+            # Read before a change from outside (a hand edit, a restart) landed, written
+            # after: no compare-and-set closes that window. The change is lost, and the
+            # world owes what it owed before it.
+            self.owed[target] = self.owed_before_outside[target]
+            self.log.append(
+                f"{target}={self.settings[target]!r} lost between a read and a write of run {writer.run_id}"
+            )
+        elif self.writers.get(target, Writer("start", None)).how == "hand":
             self.over_hand(target, value, writer, read)
         last = None if target in STACKED else self.writers.get(target)
         if last is not None and last.how == "hand":
@@ -329,12 +337,6 @@ class SimWorld:
     def over_hand(self, target: str, value: Any, writer: Writer, read: Read | None) -> None:
         """Roadie writes over a value set by hand: (j) says whether it may."""
         shown = self.settings[target]
-        if read is not None and read.at < self.hand_at[target]:
-            # Read before the edit landed, written after: no compare-and-set closes that
-            # window. The edit is lost, and the world owes what it owed before it.
-            self.owed[target] = self.owed_before_hand.get(target, INITIAL_SETTINGS[target])
-            self.log.append(f"hand {target}={shown!r} lost between a read and a write of run {writer.run_id}")
-            return
         if read is None:
             why = "without reading it"
         elif writer.how == "restore":
