@@ -4,6 +4,20 @@ driven by a seeded scheduler, with the invariants of DESIGN §10 checked after e
 `run_seed(seed, databases)` answers a `SeedResult`: the trace of the scheduler's choices,
 the violations found (each with the step it was seen at), and figures. The same seed on
 the same backend makes the same choices, so a failing seed replays exactly.
+
+What (e) calls exact. At the end the world must equal its start, with two exceptions,
+both on purpose and both known to the simulation:
+
+- A setting staff set by hand shows the last value set by hand that stands: Roadie left
+  it alone (a restore, a layer popped, a borrow retried, a look at a borrow), or read it
+  and gave it back as the value from before its borrow. An edit stands unless a restart
+  took it away, or a call of Roadie's that had read the setting before the edit wrote
+  after it: the lease protocol has no compare-and-set, and that window is the world's,
+  so the world then owes what it owed before the edit (the same for what a restart put
+  back). Every other write over a hand value breaks (j) at once.
+- What staff forgot is theirs: an object whose row, or whose step's pending placeholder,
+  was forgotten may stay, and a setting whose borrow or layer was forgotten is not
+  judged (it shows what the forgotten borrow, or a restore already under way, left).
 """
 
 from __future__ import annotations

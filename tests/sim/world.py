@@ -157,10 +157,9 @@ class SimWorld:
     reads: weakref.WeakKeyDictionary[asyncio.Task[Any], dict[str, Read]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
-    # target -> `changes` at the last change of it from outside Roadie (a hand edit, a restart)
-    outside_at: dict[str, int] = field(default_factory=dict)
     owed: dict[str, Any] = field(default_factory=dict)  # target -> the value the end owes, where a hand edit stands
-    owed_before_outside: dict[str, Any] = field(default_factory=dict)  # target -> what it owed before that change
+    # target -> its changes from outside Roadie (a hand edit, a restart): (`changes` then, what it owed before)
+    outside: dict[str, list[tuple[int, Any]]] = field(default_factory=dict)
     hand_edits: int = 0
     saved: Saved | None = None
     saved_at: int = 0  # `changes` when the world last saved
@@ -218,9 +217,8 @@ class SimWorld:
         """Staff set a setting by hand, in the world, outside Roadie."""
         self.changes += 1
         self.hand_edits += 1
-        self.owed_before_outside[target] = self.expected(target)
+        self.outside.setdefault(target, []).append((self.changes, self.expected(target)))
         self.owed[target] = value
-        self.outside_at[target] = self.changes
         self.settings[target] = value
         self.writers[target] = Writer("hand", None)
         self.log.append(f"hand {target}={value!r}")
@@ -239,8 +237,7 @@ class SimWorld:
         changed = sorted(t for t, v in self.settings.items() if self.saved.settings[t] != v)
         self.changes += 1
         for target in changed:
-            self.owed_before_outside[target] = self.expected(target)
-            self.outside_at[target] = self.changes
+            self.outside.setdefault(target, []).append((self.changes, self.expected(target)))
         self.settings = dict(self.saved.settings)
         self.writers = dict(self.saved.writers)
         self.owed = dict(self.saved.owed)
@@ -297,11 +294,12 @@ class SimWorld:
 
     def write_setting(self, target: str, value: Any, writer: Writer, read: Read | None) -> None:
         """Write a setting for Roadie. `read` is what the writing task last read of it."""
-        if read is not None and read.at < self.outside_at.get(target, -1):
+        since = [owed for at, owed in self.outside.get(target, []) if read is not None and at > read.at]
+        if since:
             # Read before a change from outside (a hand edit, a restart) landed, written
-            # after: no compare-and-set closes that window. The change is lost, and the
-            # world owes what it owed before it.
-            self.owed[target] = self.owed_before_outside[target]
+            # after: no compare-and-set closes that window. What changed since the read is
+            # lost, and the world owes what it owed before the first of those changes.
+            self.owed[target] = since[0]
             self.log.append(
                 f"{target}={self.settings[target]!r} lost between a read and a write of run {writer.run_id}"
             )
