@@ -308,7 +308,7 @@ class Simulation:
 
         # On the wire, behind whatever cut the database off: it arrives late, most often
         # after another worker has taken the step (or the row) over and acted.
-        self.spawn("net.land", "transit", None, work).speed = self.rng.choice((0.1, 0.03, 0.01))
+        self.spawn("net.land", "transit", None, work).speed = self.rng.choice((0.03, 0.01, 0.001))
         return True
 
     def forget(self, row_id: int | None) -> None:
