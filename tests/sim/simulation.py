@@ -545,7 +545,9 @@ class Simulation:
             elif result.kind == "@step":
                 self.kept_keys.add(result.ref)
             else:  # a borrow's row, or a layer's
-                self.kept_targets.add(str(result.payload["lease"]) if result.kind == LAYER_KIND else result.ref)
+                target = str(result.payload["lease"]) if result.kind == LAYER_KIND else result.ref
+                self.kept_targets.add(target)
+                self.world.forgotten.add((target, result.run_id))
         elif name == "claim_expired_lease" and result:
             actor.leases[int(args[0])] = args[2] + timedelta(seconds=float(args[3]))
         elif name == "deregister_worker":

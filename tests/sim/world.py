@@ -164,6 +164,9 @@ class SimWorld:
     saved: Saved | None = None
     saved_at: int = 0  # `changes` when the world last saved
     lost: set[str] = field(default_factory=set)  # objects a restart took away
+    # (target, run id): borrows and layers staff forgot. That run's value, in the world now
+    # or landing later, is no longer in force: another run may borrow over it.
+    forgotten: set[tuple[str, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.save()
@@ -306,8 +309,8 @@ class SimWorld:
         elif self.writers.get(target, Writer("start", None)).how == "hand":
             self.over_hand(target, value, writer, read)
         last = None if target in STACKED else self.writers.get(target)
-        if last is not None and last.how == "hand":
-            last = None  # (j) judged it
+        if last is not None and (last.how == "hand" or (target, last.run_id) in self.forgotten):
+            last = None  # (j) judged it, or staff let that run's value go
         if writer.how == "restore":
             if last is not None and last.how != "restore" and last.run_id != writer.run_id:
                 self.problems.append(
