@@ -13,6 +13,7 @@ from typing import Any
 from tests.conftest import Harness
 
 from roadie.engine.keep import LOST_GRACE
+from roadie.errors import AnswerLost
 from roadie.store.queue import QueueStore
 
 HOLDING = """
@@ -124,5 +125,49 @@ def test_what_a_restarted_module_lost_is_told(harness: Harness) -> None:
         assert sorted(detail["refs"]) == sorted(made[:2])
         await _look(harness, 5)  # told once per announce
         assert len(await _world_audit(harness, run.id)) == 1
+
+    harness.run(body)
+
+
+RETRIED = """
+id: retried
+cleanup: auto
+phases:
+  - name: setup
+    steps:
+      - action: core.lease
+        name: borrow
+        with: {lease: probe.dial, value: 5}
+        retry: {attempts: 3, backoff: 1s}
+"""
+
+
+def test_a_borrow_retried_after_a_hand_edit_leaves_the_hand_value_alone(harness: Harness) -> None:
+    """The first attempt writes the borrow and loses its answer; staff then set the value by
+    hand. The retry compares before it writes again: it leaves the hand value alone and says
+    so, and so does the cleanup. (Before, the retry wrote 5 over it without reading, and the
+    cleanup then gave back 1.5: the hand value was lost without a word. Found by the
+    simulation, seeds 7 and 88.)"""
+    harness.probe.dial = 1.5
+    writes = {"n": 0}
+
+    async def first_write_loses_its_answer(call: Any, value: Any) -> None:
+        writes["n"] += 1
+        if writes["n"] == 1:
+            harness.probe.dial = 9  # meanwhile, a person set it
+            raise AnswerLost("probe: the answer went missing after the write")
+
+    harness.probe.observe_dial = first_write_loses_its_answer
+
+    async def body() -> None:
+        run = await harness.start(RETRIED)
+        [run] = await harness.settle(run)
+        step = await harness.step(run, "borrow")
+        assert (run.status, step.status, step.attempts) == ("succeeded", "succeeded", 2)
+        assert step.output is not None
+        assert step.output["left_alone"] == 9
+        assert writes["n"] == 1, "the retry wrote nothing"
+        assert harness.probe.dial == 9
+        assert run.cleanup_status == "complete"
 
     harness.run(body)

@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--events", default=",".join(EVENTS), help=f"the events runs are started of (default {','.join(EVENTS)})"
     )
+    parser.add_argument(
+        "--no-fences", action="store_true", help="the world takes calls under stale fences (to count what they stop)"
+    )
     parser.add_argument("--trace", action="store_true", help="print each failing seed's whole trace")
     parser.add_argument("--report", type=Path, default=None, help="append the figures as a JSON line here")
     args = parser.parse_args(argv)
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         databases = SeedDatabases(args.backend, Path(home))
         try:
             for seed in seeds:
-                result = run_seed(seed, databases, args.steps, tuple(args.events.split(",")))
+                result = run_seed(seed, databases, args.steps, tuple(args.events.split(",")), fences=not args.no_fences)
                 figures.add(result)
                 if result.violations:
                     print(result.describe(tail=10**6 if args.trace else 40), file=sys.stderr)

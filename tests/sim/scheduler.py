@@ -10,6 +10,11 @@ time, and the order of everything is the scheduler's choice, taken from its seed
 A crash is decided when a gate before a store write is released: the store's
 `write_point` hook then raises `Crash` just before that transaction commits, the
 transaction is rolled back, and every task of that engine is cancelled.
+
+A worker cut off from the database (`Slot.cut`) goes on running: each of its store
+calls, once released, raises `StoreError` as the store does when its connection is lost
+for good (after its reconnect attempts), and nothing reaches the database; its calls to
+the world go on, and land.
 """
 
 from __future__ import annotations
@@ -24,13 +29,16 @@ from datetime import datetime
 from typing import Any
 
 from roadie.engine import Engine
+from roadie.errors import StoreError
 from roadie.store import CleanupClaim, Store
 
 SPIN = 20  # loop turns without any progress before the scheduler calls the loop quiet
 # The store's methods that write (each passes a named write point before its commit).
 WRITES = frozenset(
     {
+        "abandon_resource",
         "advance_runs",
+        "claim_borrow_in_force",
         "claim_cleanup",
         "claim_expired_lease",
         "claim_lease_row",
@@ -46,10 +54,12 @@ WRITES = frozenset(
         "record_and_claim",
         "record_outcomes",
         "register_worker",
+        "release_borrow",
         "release_lease_row",
         "request_cancel",
         "requeue_expired_claims",
         "save_lease_value",
+        "tell_world",
     }
 )
 
@@ -71,6 +81,7 @@ class Slot:
     dead: bool = False
     stopping: bool = False  # shutting down: it starts nothing more
     armed: bool = False  # the next commit of this store crashes
+    cut: bool = False  # cut off from the database: its store calls fail, its world calls land
     crashed_at: str | None = None
     actors: list[Actor] = field(default_factory=list)
 
@@ -265,6 +276,8 @@ class GatedStore:
             await gates.gate(f"{name}{describe(args)}", write)
             gates.busy += 1
             try:
+                if slot.cut:
+                    raise StoreError(f"{name}: the connection to the database was lost (cut off by the simulation)")
                 result = await value(*args, **kwargs)
                 if gates.observe is not None:
                     gates.observe(name, args, kwargs, result)

@@ -4,12 +4,28 @@ driven by a seeded scheduler, with the invariants of DESIGN §10 checked after e
 `run_seed(seed, databases)` answers a `SeedResult`: the trace of the scheduler's choices,
 the violations found (each with the step it was seen at), and figures. The same seed on
 the same backend makes the same choices, so a failing seed replays exactly.
+
+What (e) calls exact. At the end the world must equal its start, with two exceptions,
+both on purpose and both known to the simulation:
+
+- A setting staff set by hand shows the last value set by hand that stands: Roadie left
+  it alone (a restore, a layer popped, a borrow retried, a look at a borrow), or read it
+  and gave it back as the value from before its borrow. An edit stands unless a restart
+  took it away, or a call of Roadie's that had read the setting before the edit wrote
+  after it: the lease protocol has no compare-and-set, and that window is the world's,
+  so the world then owes what it owed before the edit (the same for what a restart put
+  back). Every other write over a hand value breaks (j) at once.
+- What staff forgot is theirs: an object whose row, or whose step's pending placeholder,
+  was forgotten may stay, and a setting whose borrow or layer was forgotten is not
+  judged (it shows what the forgotten borrow, or a restore already under way, left).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -21,15 +37,18 @@ from sqlalchemy import func, select
 from roadie.clock import FakeClock
 from roadie.definitions import load_definition
 from roadie.engine import Engine, EngineOptions, leases
-from roadie.errors import InvalidState
+from roadie.errors import InvalidState, Superseded
 from roadie.modules.core import module as core_module
 from roadie.registry import Registry
-from roadie.states import CleanupStatus, RunStatus, StepStatus
+from roadie.states import LAYER_KIND, CleanupStatus, ResourceState, RunStatus, StepStatus
 from roadie.store import CleanupClaim, NewResource, Store, dialects, tables
 from roadie.store.rows import EventRow, RunRow
 from tests.sim.databases import SeedDatabases
 from tests.sim.scheduler import Actor, Crash, GatedStore, Gates, Parked, Slot, current
 from tests.sim.world import INITIAL_SETTINGS, SimWorld, sim_module, step_of
+
+WORLD_CALL = re.compile(r": (dispatch|borrow|restore|revert) ")  # a parked call that changes the world
+EQUAL = "same"  # the tag a run is given now and then, so that two runs borrow equal values
 
 CLAIM_TTL = 60.0
 MAX_RUNS = 6
@@ -41,10 +60,14 @@ INVARIANTS = {
     "b-revert-once": "no resource reverted twice, no revert of something not made",
     "c-one-holder": "no two live rows for one target (a lease's core row and a module's override too)",
     "d-restore-own-value": "a lease restore never writes over a value another run set after",
-    "e-world-restored": "after every run ended and cleaned up, the world equals its start",
+    "e-world-restored": "after every run ended and cleaned up, the world equals its start "
+    "(but for the last hand edit that stands, and what staff forgot)",
     "f-complete-is-clean": "a run whose cleanup is complete holds no live row",
     "g-attempt-counted": "every dispatch that reached the world counts as an attempt",
     "h-claim-fenced": "a worker whose step claim was taken over writes no ledger rows for it",
+    "i-fence-order": "no world call lands after one under a newer claim for the same key or setting",
+    "j-hand-left-alone": "no restore writes over a value set by hand, and no call writes over one it did not read",
+    "k-forgotten-stays": "a row staff forgot stays abandoned: never restored, reverted or made live again",
 }
 
 EVENTS = {
@@ -57,9 +80,10 @@ cleanup: auto
 phases:
   - name: omens
     steps:
-      - {action: core.lease, name: dial, with: {lease: sim.dial, value: "{{ tag }}", for: 30s}, on_error: continue}
+      - {action: core.lease, name: dial, with: {lease: sim.dial, value: "{{ tag }}", for: 30s}, on_error: continue,
+         timeout: 2m}
       - {action: core.lease, name: banner, with: {lease: sim.banner, value: "raid {{ tag }}", priority: 5, for: 25s}}
-      - {action: sim.make, name: wave, with: {count: 2, late: 1}, retry: {attempts: 4, backoff: 1s}}
+      - {action: sim.make, name: wave, with: {count: 2, late: 1}, retry: {attempts: 4, backoff: 1s}, timeout: 90s}
   - name: second
     after: 5s
     steps:
@@ -76,8 +100,8 @@ phases:
   - name: walls
     steps:
       - {action: core.lease, name: south, with: {lease: sim.flag, target: south, value: "{{ tag }}", for: 20s}}
-      - {action: sim.make, name: rams, with: {count: 2}, retry: {attempts: 3, backoff: 1s}}
-      - {action: core.lease, name: north, with: {lease: sim.flag, target: north, value: "{{ tag }}"}}
+      - {action: sim.make, name: rams, with: {count: 2}, retry: {attempts: 3, backoff: 1s}, timeout: 3m}
+      - {action: core.lease, name: north, with: {lease: sim.flag, target: north, value: "{{ tag }}"}, timeout: 5m}
       - {action: core.lease, name: banner, with: {lease: sim.banner, value: "siege {{ tag }}", priority: 9}}
   - name: aftermath
     after: 15s
@@ -141,7 +165,16 @@ Choice = tuple[float, str, Callable[[], Awaitable[None] | None]]
 
 
 class Simulation:
-    def __init__(self, seed: int, url: str, backend: str, steps: int, events: tuple[str, ...] = tuple(EVENTS)) -> None:
+    def __init__(
+        self,
+        seed: int,
+        url: str,
+        backend: str,
+        steps: int,
+        events: tuple[str, ...] = tuple(EVENTS),
+        *,
+        fences: bool = True,
+    ) -> None:
         self.seed = seed
         self.event_names = events
         self.url = url
@@ -150,7 +183,8 @@ class Simulation:
         self.clock = FakeClock()
         self.start = self.clock.now()
         self.gates = Gates(self.seconds)
-        self.world = SimWorld(self.gates.gate, self.actor_name, self.seconds)
+        self.world = SimWorld(self.gates.gate, self.actor_name, self.seconds, refuse_stale=fences)
+        self.world.in_transit = self.transit
         self.registry = Registry(self.clock)
         self.registry.register(core_module)
         self.registry.register(sim_module(self.world))
@@ -167,6 +201,13 @@ class Simulation:
         self.last_runs: list[Any] = []
         self.recorded: list[tuple[int, int, str, int]] = []  # answers with rows, recorded since the last look
         self.cleanup_holder: dict[int, str] = {}  # run id -> the token its cleanup is claimed under
+        self.live_ids: list[int] = []  # live ledger rows at the last look, for staff to forget
+        self.forgotten: set[int] = set()  # rows staff forgot
+        # What staff forgot is theirs to keep: objects (by ref, or by their step's key, for a
+        # forgotten placeholder), and settings whose borrow or layer they forgot.
+        self.kept_refs: set[str] = set()
+        self.kept_keys: set[str] = set()
+        self.kept_targets: set[str] = set()
         self.gates.observe = self.observe
 
     def seconds(self) -> float:
@@ -183,7 +224,11 @@ class Simulation:
         holder: list[Slot] = []
         gated = GatedStore(self.gates, lambda: holder[0], store)
         options = EngineOptions(
-            concurrency=4, claim_ttl=CLAIM_TTL, seed=self.seed * 1000 + len(self.slots), render_in_thread=False
+            concurrency=4,
+            claim_ttl=CLAIM_TTL,
+            seed=self.seed * 1000 + len(self.slots),
+            render_in_thread=False,
+            record_pause=0.0,
         )
         engine = Engine(gated, self.registry, clock=self.clock, worker_id=worker_id, options=options)  # type: ignore[arg-type]
         slot = Slot(name, worker_id, store, gated, engine)
@@ -231,6 +276,54 @@ class Simulation:
 
         self.spawn(f"{slot.name}.sweep", "sweep", slot, work)
 
+    def keep(self, slot: Slot) -> None:
+        """A worker's look at running runs' borrows, which puts back what a restarted world
+        lost (the engine's tick does it every `keep_interval` too)."""
+
+        async def work() -> None:
+            await slot.engine.keeper.keep()
+
+        self.spawn(f"{slot.name}.keep", "keep", slot, work)
+
+    def cut(self, slot: Slot) -> None:
+        """The worker loses its database, and keeps reaching the world (docs/deploy.md's
+        layout: a game server beside it, the database across a network)."""
+        slot.cut = True
+
+    def reconnect(self, slot: Slot) -> None:
+        slot.cut = False
+
+    def transit(self, label: str, land: Callable[[], Any]) -> bool:
+        """A world call given up at its gate by a worker cut off from the database (its claim
+        ran out unrenewed, or its timeout): it was sent, and lands when the scheduler says."""
+        actor = current.get()
+        slot = actor.slot if actor is not None else None
+        if slot is None or not slot.cut or slot.dead:
+            return False
+
+        async def work() -> None:
+            await self.world.gate(f"land {label}")
+            with contextlib.suppress(Superseded):  # refused, and counted, by the world
+                land()
+
+        # On the wire, behind whatever cut the database off: it arrives late, most often
+        # after another worker has taken the step (or the row) over and acted.
+        self.spawn("net.land", "transit", None, work).speed = self.rng.choice((0.03, 0.01, 0.001))
+        return True
+
+    def forget(self, row_id: int | None) -> None:
+        """An admin forgets a live row (`roadie forget`, the dashboard's button)."""
+        if row_id is None:
+            row_id = self.rng.choice(self.live_ids)
+
+        async def work() -> None:
+            await self.web.engine.cleanup.forget(row_id, actor="admin", reason="the simulation forgets it")
+
+        self.spawn("web.forget", "forget", self.web, work)
+
+    def hand_edit(self, target: str) -> None:
+        self.world.hand_edit(target, f"hand-{self.world.hand_edits + 1}")
+
     def click(self, slot: Slot, run_id: int, again: bool) -> None:
         async def work() -> None:
             await slot.engine.clean_up(run_id, actor="staff", again=again)
@@ -244,8 +337,11 @@ class Simulation:
         self.spawn("web.cancel", "cancel", self.web, work)
 
     def start_run(self, event: str) -> None:
+        # Now and then a run borrows the value another run borrows too: a restore that
+        # checks whose value it writes over cannot tell the two apart, only the fence can.
+        tag = EQUAL if self.rng.random() < 0.3 else f"r{len(self.runs) + 1}"
+
         async def work() -> None:
-            tag = f"r{len(self.runs) + 1}"
             # Forced past pre-flight: two raids meeting on one lease at dispatch is what the
             # simulation is for, and pre-flight is only a look, not a claim.
             run = await self.web.engine.start_run(self.events[event], {"tag": tag}, actor="staff", force=True)
@@ -328,9 +424,22 @@ class Simulation:
             runs = list((await conn.execute(select(tables.runs).order_by(tables.runs.c.id))).all())
             live = (
                 await conn.execute(
-                    select(r.c.run_id, r.c.owner, r.c.kind, r.c.ref, r.c.state).where(r.c.state.in_(tables.LIVE_STATES))
+                    select(r.c.id, r.c.run_id, r.c.owner, r.c.kind, r.c.ref, r.c.state)
+                    .where(r.c.state.in_(tables.LIVE_STATES))
+                    .order_by(r.c.id)
                 )
             ).all()
+            forgotten = (
+                []
+                if not self.forgotten
+                else (
+                    await conn.execute(
+                        select(r.c.id, r.c.state).where(
+                            r.c.id.in_(sorted(self.forgotten)), r.c.state != ResourceState.ABANDONED.value
+                        )
+                    )
+                ).all()
+            )
             complete_dirty = (
                 await conn.execute(
                     select(tables.runs.c.id, func.count())
@@ -363,10 +472,15 @@ class Simulation:
                     f"{by} recorded attempt {attempts} of step {step_id} ({rows} row(s), placeholder resolved) "
                     f"after its claim was taken over (the step is {step.status}, attempt {step.attempts})",
                 )
+        self.live_ids = [row.id for row in live]
+        for row in forgotten:
+            self.violate("k-forgotten-stays", f"row {row.id}, forgotten by staff, is {row.state}")
         live_refs = {row.ref for row in live if row.kind == "obj"}
         pending = {row.ref for row in live if row.kind == "@step" and row.state == "pending"}
         for obj in self.world.objects.values():
             if obj.ref in live_refs or obj.key in pending or obj.ref in self.reporting:
+                continue
+            if obj.ref in self.kept_refs or obj.key in self.kept_keys:
                 continue
             self.violate(
                 "a-durable-first", f"{obj.ref} made by {step_of(obj.key)} has no live row or pending placeholder"
@@ -424,6 +538,16 @@ class Simulation:
             for o in args[0]:
                 if o.status is StepStatus.SUCCEEDED and (o.resources or o.resolve_placeholder) and not o.stale:
                     self.recorded.append((o.step.id, o.step.attempts, actor.name, len(o.resources)))
+        elif name == "abandon_resource":
+            self.forgotten.add(int(args[0]))
+            if result.kind == "obj":
+                self.kept_refs.add(result.ref)
+            elif result.kind == "@step":
+                self.kept_keys.add(result.ref)
+            else:  # a borrow's row, or a layer's
+                target = str(result.payload["lease"]) if result.kind == LAYER_KIND else result.ref
+                self.kept_targets.add(target)
+                self.world.forgotten.add((target, result.run_id))
         elif name == "claim_expired_lease" and result:
             actor.leases[int(args[0])] = args[2] + timedelta(seconds=float(args[3]))
         elif name == "deregister_worker":
@@ -474,7 +598,14 @@ class Simulation:
         # A lease about to be given back waits longer than the rest, and a new run that
         # borrows it may start meanwhile: is the old value ever restored over the new one?
         restoring = [p for p in parked if ": restore sim." in p.label]
-        speeds = {p.label: p.actor.speed * (0.2 if p in restoring else 1.0) for p in parked}
+        # A worker cut off from the database is slow to hear from the world too (the same
+        # network trouble): its calls are still out when its claims run out unrenewed.
+        sent = {p.label for p in parked if p.actor.slot is not None and WORLD_CALL.search(p.label)}
+        straggling = {p.label for p in parked if p.label in sent and p.actor.slot is not None and p.actor.slot.cut}
+        speeds = {
+            p.label: p.actor.speed * (0.2 if p in restoring else 1.0) * (0.05 if p.label in straggling else 1.0)
+            for p in parked
+        }
         total = sum(speeds.values())
         for p in parked:
             out.append((60 * speeds[p.label] / total, f"release {p.label}", self.releaser(p)))
@@ -500,6 +631,30 @@ class Simulation:
             out.append((0.25, f"kill {slot.name}", lambda s=slot: self.gates.kill(s, "between writes")))
             if slot is not self.web:
                 out.append((0.4, f"shutdown {slot.name}", lambda s=slot: self.shutdown(s)))
+                if not slot.running("keep"):
+                    out.append((0.3, f"keep {slot.name}", lambda s=slot: self.keep(s)))
+                if slot.cut:
+                    out.append((1.5, f"reconnect {slot.name}", lambda s=slot: self.reconnect(s)))
+                else:
+                    # Most often while it has a call out to the world.
+                    calling = any(p.actor.slot is slot and p.label in sent for p in parked)
+                    label = f"cut {slot.name} off the database{' mid-call' if calling else ''}"
+                    out.append((2.0 if calling else 0.2, label, lambda s=slot: self.cut(s)))
+        # Staff forget a row: any live one, or one a sweeper or a cleanup is giving back.
+        if self.live_ids:
+            out.append((0.3, "forget a live row", lambda: self.forget(None)))
+        for p in restoring:
+            row_id = int(p.label.rsplit("-", 1)[1])
+            out.append((1.0, f"forget row {row_id}", lambda i=row_id: self.forget(i)))
+        # Staff set a setting by hand, most often one that a borrow or a layer is in force on.
+        for target in sorted(INITIAL_SETTINGS):
+            writer = self.world.writers.get(target)
+            weight = 0.25 if writer is not None and writer.how == "borrow" else 0.05
+            out.append((weight, f"hand edit {target}", lambda t=target: self.hand_edit(t)))
+        # The world saves, or is killed before it saves and comes back as it last saved.
+        if self.world.changes != self.world.saved_at:
+            out.append((0.5, "world saves", self.world.save))
+            out.append((0.3, "world restarts", self.world.restart))
         if restoring and len(self.runs) < MAX_RUNS + 2 and "raid" in self.event_names:
             out.append((4, "start raid", lambda: self.start_run("raid")))
         if len(self.runs) < MAX_RUNS:
@@ -551,6 +706,10 @@ class Simulation:
             if deadline is not None:
                 await self.act("clock to the next sleeper", lambda: self.clock.set(deadline))
             return False
+        for slot in self.slots:
+            if slot.cut:
+                await self.act(f"reconnect {slot.name}", lambda s=slot: self.reconnect(s))
+                return False
         for key in sorted((k for k, n in self.world.summons.items() if n > 0), key=step_of):
             await self.act(f"late {step_of(key)}", lambda k=key: self.late(k))
             return False
@@ -638,16 +797,22 @@ class Simulation:
         self.result.steps = self.step
         await self.gates.quiesce()
         await self.check(observer)
-        for obj in sorted(self.world.objects.values(), key=lambda o: o.ref):
-            self.violate("e-world-restored", f"{obj.ref} made by {step_of(obj.key)} is still in the world")
-        for target, value in sorted(self.world.settings.items()):
-            if value != INITIAL_SETTINGS[target]:
-                self.violate("e-world-restored", f"{target} is {value!r}, was {INITIAL_SETTINGS[target]!r}")
         async with observer.connect() as conn:
             r = tables.run_resources
             left = (
                 await conn.execute(select(r.c.run_id, r.c.kind, r.c.ref).where(r.c.state.in_(tables.LIVE_STATES)))
             ).all()
+        # What staff forgot is theirs: an object whose row (or whose step's placeholder) was
+        # forgotten may stay, and a setting whose borrow or layer was forgotten shows what
+        # it will. Everything else is as it was, but where a hand edit stands.
+        for obj in sorted(self.world.objects.values(), key=lambda o: o.ref):
+            if obj.ref not in self.kept_refs and obj.key not in self.kept_keys:
+                self.violate("e-world-restored", f"{obj.ref} made by {step_of(obj.key)} is still in the world")
+        for target, value in sorted(self.world.settings.items()):
+            owed = self.world.expected(target)
+            if value != owed and target not in self.kept_targets:
+                was = "set by hand" if owed != INITIAL_SETTINGS[target] else "was"
+                self.violate("e-world-restored", f"{target} is {value!r}, {was} {owed!r}")
         for row in left:
             self.violate("e-world-restored", f"run {row.run_id} still holds a live row {row.kind} {row.ref}")
 
@@ -659,19 +824,36 @@ def _settled(run: Any) -> bool:
 
 
 def run_seed(
-    seed: int, databases: SeedDatabases, steps: int = STEPS, events: tuple[str, ...] = tuple(EVENTS)
+    seed: int,
+    databases: SeedDatabases,
+    steps: int = STEPS,
+    events: tuple[str, ...] = tuple(EVENTS),
+    *,
+    fences: bool = True,
 ) -> SeedResult:
     """Run one seed on a fresh database and answer what happened. `events` limits the
-    events the scheduler may start (a replay must name the same ones)."""
+    events the scheduler may start (a replay must name the same ones); `fences` off makes
+    the world take calls under stale fences, to show what fences hold back."""
 
     async def main() -> SeedResult:
+        asyncio.get_running_loop().set_exception_handler(_quiet_crashes)
         url = await databases.fresh()
-        result = await Simulation(seed, url, databases.backend, steps, events).run(databases)
+        result = await Simulation(seed, url, databases.backend, steps, events, fences=fences).run(databases)
         if events != tuple(EVENTS):
             result.replay_options = f" --events {','.join(events)}"
+        if not fences:
+            result.replay_options += " --no-fences"
         return result
 
     return asyncio.run(main())
+
+
+def _quiet_crashes(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A task an engine started beside its tick (a look at borrows, a sweep) that died in a
+    crash is not a failure of the simulation: its process died."""
+    if isinstance(context.get("exception"), Crash):
+        return
+    loop.default_exception_handler(context)
 
 
 def quiet_logging() -> None:

@@ -2,9 +2,10 @@
 
 Several engines share one database, with a web process and a game server beside them; a
 seeded scheduler interleaves their drains, cleanups, sweeps, late reports, staff clicks,
-cancels, claim expiries and crashes at named write points, and the invariants are checked
-after every step. `--sim-seeds` (or `ROADIE_SIM_SEEDS`) sizes the run; `make chaos` runs
-it at the size the docs report.
+cancels, claim expiries and crashes at named write points, workers cut off from the
+database whose world calls land late, staff forgetting rows and editing settings by hand,
+and world restarts, and the invariants are checked after every step. `--sim-seeds` (or
+`ROADIE_SIM_SEEDS`) sizes the run; `make chaos` runs it at the size the docs report.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def test_no_seed_breaks_an_invariant(request: pytest.FixtureRequest, seed_databa
     """Whatever the interleaving of workers, staff, game server, clock and crashes, no
     world write goes unrecorded, nothing is reverted twice, no target has two live rows,
     no lease is given back over another run's value, a complete cleanup leaves nothing
-    live, every dispatch counts, and once every run has cleaned up the world is what it
-    was. A failure names each seed, the invariant and the scheduler's trace."""
+    live, every dispatch counts, no call lands after a newer owner's, no value set by
+    hand is written over, a forgotten row stays forgotten, and once every run has cleaned
+    up the world is what it was (but where a hand edit stands or staff forgot a row). A
+    failure names each seed, the invariant and the scheduler's trace."""
     figures = Figures(seed_databases.backend)
     began = time.monotonic()
     failures = []

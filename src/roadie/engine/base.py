@@ -47,6 +47,11 @@ class EngineOptions:
     # borrow the world forgot (a server restarted) and telling what it lost; a module that
     # announces itself again is looked at by the next tick. None or 0: never.
     keep_interval: float | None = 30.0
+    # Seconds the drain waits before recording answers again after the database failed
+    # to take them, times the failures in a row. A pause on the loop, not the engine's
+    # clock: a fake clock moved only between ticks would never end it. The simulation sets
+    # 0: a pause on the loop ends when it will, and a replay must not depend on it.
+    record_pause: float = 0.05
     # Render a new run's templates in a thread, so the loop (a web server's, a worker's)
     # goes on meanwhile. The simulation turns it off: it must see every moment a task
     # yields, and a thread ends when it will.

@@ -201,7 +201,7 @@ class Drain(Advance):
                                 "recording answers failed; trying again", error=exc.message, steps=len(outcomes)
                             )
                             unrecorded = outcomes
-                            await asyncio.sleep(0.05 * failures)
+                            await asyncio.sleep(self.options.record_pause * failures)
                             continue
                     unrecorded, failures = [], 0
                     for o in outcomes:

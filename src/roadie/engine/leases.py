@@ -3,8 +3,8 @@
 The order of a borrow is what makes it safe to crash anywhere: the lease's row is
 reserved when its step is claimed (before anything), the value about to be overwritten
 is saved into that row (before the write), and only then is the world written. A retry
-finds the saved value and does not read again, because what it would read now is its
-own borrowed value.
+finds the saved value and keeps it, because what it would read now may be its own
+borrowed value; it reads only to compare before it writes again.
 """
 
 from __future__ import annotations
@@ -96,13 +96,22 @@ async def borrow(
     call = lease_call(registry, lease, target, clock, key=step.idempotency_key, run_id=step.run_id, fence=fence)
     if step.layered:
         return await _push(store, lease, call, step, row, clock)
+    shown = await maybe_await(lease.read_fn(call))
+    left_alone: dict[str, Any] = {}
     if isinstance(row.payload, dict) and "saved" in row.payload:
+        # A retry: an earlier attempt saved what the world showed, and may have written
+        # the borrow. Compare before write (DESIGN §12, §13): the world showing neither the
+        # saved value nor one of the run's borrows of it was set by someone since, and is
+        # left alone and reported, as a restore or a re-apply would leave it.
         saved = row.payload["saved"]
+        if shown != saved and shown not in await store.values_written(step.run_id, step.lease_ref):
+            log.warning("borrowed value changed since: left alone", run_id=step.run_id, ref=row.ref, shown=shown)
+            left_alone = {"left_alone": shown}
     else:
-        shown = await maybe_await(lease.read_fn(call))
         saved = await store.save_lease_value(reserved_id, shown, clock.now(), step_id=step.id, token=step.claim_token)
     assert lease.write_fn is not None
-    await maybe_await(lease.write_fn(call, step.params["value"]))
+    if not left_alone:
+        await maybe_await(lease.write_fn(call, step.params["value"]))
     now = clock.now()
     hold = step.params.get("for")
     until = now + timedelta(seconds=float(hold)) if hold else None
@@ -110,7 +119,7 @@ async def borrow(
         step=step,
         status=StepStatus.SUCCEEDED,
         at=now,
-        output={"lease": step.lease_ref, "saved": saved, "value": step.params["value"]},
+        output={"lease": step.lease_ref, "saved": saved, "value": step.params["value"], **left_alone},
         confirm_lease=True,
         lease_until=until,
     )
