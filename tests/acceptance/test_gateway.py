@@ -29,14 +29,18 @@ phases:
 """
 
 
-def test_roadie_gateway_serves_a_pulling_module(tmp_path: Path) -> None:
-    port = free_port()
-    (tmp_path / "roadie.toml").write_text(
-        f'database_url = "sqlite:///{tmp_path / "roadie.db"}"\n\n'
+def _configured(home: Path) -> tuple[dict[str, str], str]:
+    """A project whose sandbox module pulls: its environment, and the `roadie` command."""
+    (home / "roadie.toml").write_text(
+        f'database_url = "sqlite:///{home / "roadie.db"}"\n\n'
         '[engine]\npoll_interval = 0.05\n\n[modules.sandbox]\ntransport = "pull"\nsecret_env = "SANDBOX_SECRET"\n'
     )
-    env = {**os.environ, "SANDBOX_SECRET": SECRET}
-    roadie = str(Path(sys.executable).parent / "roadie")
+    return {**os.environ, "SANDBOX_SECRET": SECRET}, str(Path(sys.executable).parent / "roadie")
+
+
+def test_roadie_gateway_serves_a_pulling_module(tmp_path: Path) -> None:
+    port = free_port()
+    env, roadie = _configured(tmp_path)
     gateway = subprocess.Popen(
         [roadie, "gateway", "--port", str(port), "--visibility", "2"],
         cwd=tmp_path,
@@ -106,12 +110,7 @@ def test_a_stopped_gateway_serves_its_worker_s_calls_until_the_worker_has_stoppe
     whole deadline for an answer that could not come (a Luanti cleanup round held a
     SIGTERM up for seven minutes)."""
     port = free_port()
-    (tmp_path / "roadie.toml").write_text(
-        f'database_url = "sqlite:///{tmp_path / "roadie.db"}"\n\n'
-        '[engine]\npoll_interval = 0.05\n\n[modules.sandbox]\ntransport = "pull"\nsecret_env = "SANDBOX_SECRET"\n'
-    )
-    env = {**os.environ, "SANDBOX_SECRET": SECRET}
-    roadie = str(Path(sys.executable).parent / "roadie")
+    env, roadie = _configured(tmp_path)
     gateway = subprocess.Popen(
         [roadie, "gateway", "--port", str(port)],
         cwd=tmp_path,
