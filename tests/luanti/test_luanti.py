@@ -305,9 +305,10 @@ def test_a_server_killed_mid_event_gets_the_runs_borrows_back_and_staff_are_told
     (roadie.home / "night.yaml").write_text(NIGHT)
     run_id = roadie.json("run", "start", "night.yaml")["id"]
 
-    def set_up() -> bool:
+    def set_up() -> bool:  # (a run's steps are made by the worker: none at first)
         steps = roadie.json("run", "show", str(run_id))["steps"]
-        return all(s["status"] == "succeeded" for s in steps if s["phase"] == 0)
+        first = [s["status"] for s in steps if s["phase"] == 0]
+        return bool(first) and all(status == "succeeded" for status in first)
 
     wait_for("the dusk phase to be set up", set_up, 120, every=0.5)
     seen = luanti.look()
