@@ -8,6 +8,7 @@ set by hand alone, and tells staff what was lost, in the run's audit."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.conftest import Harness
@@ -169,5 +170,33 @@ def test_a_borrow_retried_after_a_hand_edit_leaves_the_hand_value_alone(harness:
         assert writes["n"] == 1, "the retry wrote nothing"
         assert harness.probe.dial == 9
         assert run.cleanup_status == "complete"
+
+    harness.run(body)
+
+
+def test_a_look_under_way_is_stopped_with_the_engine_and_holds_no_connection(harness: Harness) -> None:
+    """The look at running runs' setups is a task beside the drain. Closing the engine
+    left it running, holding a database connection in a transaction, which the garbage
+    collector found later (a warning, and a suite's test failed for it)."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        await harness.start(HOLDING)
+        await _look(harness, 0)
+        harness.probe.dial = 1.5  # the server restarted
+        reading = asyncio.Event()
+        held = asyncio.Event()  # never set: the module does not answer
+
+        async def hold(_call: object) -> None:
+            reading.set()
+            await held.wait()
+
+        harness.probe.observe_dial_read = hold
+        harness.clock.advance(harness.engine.options.keep_interval or 0)
+        await harness.engine.tick()
+        await asyncio.wait_for(reading.wait(), 10)
+        await harness.engine.close()
+        await asyncio.wait_for(harness.engine.keeping_done(), 10)
+        assert harness.store.engine.pool.checkedout() == 0
 
     harness.run(body)

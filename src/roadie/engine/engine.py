@@ -321,11 +321,11 @@ class Engine(Drain):
             await self._sending
 
     async def close(self) -> None:
-        """Stop the automatic cleanups, the webhook sends and the heartbeat under way (their
-        claims expire, and another worker takes them over), so that none touches the store
-        after its owner closes it."""
+        """Stop the automatic cleanups, the webhook sends, the sweep, the look at running
+        runs' setups and the heartbeat under way (their claims expire, and another worker
+        takes them over), so that none touches the store after its owner closes it."""
         tasks = list(self._cleanups.values())
-        tasks += [t for t in (self._sending, self._sweeping, self._heart) if t is not None]
+        tasks += [t for t in (self._sending, self._sweeping, self._keeping, self._heart) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
