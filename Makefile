@@ -83,10 +83,10 @@ consoles:
 netns:
 	@{ command -v ip && command -v tc && command -v nft; } >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables; } || echo "ip, tc or nft missing: apt-get install -y iproute2 nftables (as root) for tests/chaos/test_network.py"
 
-# The crash-and-fault suite at the size docs/reliability.md reports, on every database
-# (about 50 minutes on 2 cores; it stops and starts a PostgreSQL server of its own, and
-# fails over clusters and cuts network links of its own), then the
-# many-worker simulation (tests/sim: 10,000 seeds on SQLite, 500 on each server, several hours;
+# The crash-and-fault suite (killed worker processes included) and the property tests at
+# the size docs/reliability.md reports, on every database (an hour or more on 2 cores; it
+# stops and starts a PostgreSQL server of its own, and fails over clusters and cuts
+# network links of its own), then the many-worker simulation (tests/sim: 10,000 seeds on SQLite, 500 on each server, several hours;
 # failing seeds with their traces go to .sim-failures.txt);
 # `make test` runs it at CI size.
 chaos: $(STAMP) netns
