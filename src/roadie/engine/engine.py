@@ -326,6 +326,7 @@ class Engine(Drain):
         takes them over), so that none touches the store after its owner closes it."""
         tasks = list(self._cleanups.values())
         tasks += [t for t in (self._sending, self._sweeping, self._keeping, self._heart) if t is not None]
+        tasks = [t for t in tasks if not t.done()]  # (one ended may be of a loop since closed)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
