@@ -253,6 +253,7 @@ class Server(uvicorn.Server):
         self._queue = queue
         self._stop_worker = stop_worker
         self._worker_stopping = False
+        self._stopper: asyncio.Future[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._stop_worker is None or self._worker_stopping or self.should_exit:
@@ -260,7 +261,11 @@ class Server(uvicorn.Server):
             return
         self._captured_signals.append(sig)
         self._worker_stopping = True
-        asyncio.get_running_loop().call_soon_threadsafe(lambda: asyncio.ensure_future(self._stop_then_exit()))
+        asyncio.get_running_loop().call_soon_threadsafe(self._begin_stop)
+
+    def _begin_stop(self) -> None:
+        # Kept: a task nothing refers to but the loop may be collected before it ends.
+        self._stopper = asyncio.ensure_future(self._stop_then_exit())
 
     async def _stop_then_exit(self) -> None:
         try:
