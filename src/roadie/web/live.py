@@ -105,29 +105,12 @@ async def run_events(store: Store, broker: Broker, run_id: int, *, poll: float =
 async def watch_events(
     look: Callable[[], Awaitable[Any]], broker: Broker, *, poll: float = 1.0, run_id: int = ANY_RUN
 ) -> AsyncIterator[str]:
-    """`change` each time what `look()` answers differs from its last answer, woken early
-    by news of `run_id`'s (default: any run's); it runs until the viewer leaves.
-
-    The first look is taken here, before the stream's answer begins: a page that fetches
-    itself again once its stream is open (live.js, on every opening after the first) then
-    shows everything up to that look, and the stream tells it of everything after. Taken
-    once the answer had begun, a change between the two was in neither: a ledger opened
-    again as its run ended (the page following one stream fewer) showed the cleanup half
-    done for good."""
+    """`change` each time what `look()` answers differs from its last answer (the first is
+    what the page was drawn from, and is not sent), woken early by news of `run_id`'s
+    (default: any run's); it runs until the viewer leaves."""
     try:
-        first = await look()
+        last = await look()
     except StoreError:
-        first = _GONE
-    return _watching(look, broker, first, poll, run_id)
-
-
-_GONE = object()  # the database went before the first look: the stream ends at once
-
-
-async def _watching(
-    look: Callable[[], Awaitable[Any]], broker: Broker, last: Any, poll: float, run_id: int
-) -> AsyncIterator[str]:
-    if last is _GONE:
         return
     quiet = 0.0
     yield ": watching\n\n"

@@ -51,7 +51,7 @@ async def watch_stream(state: WebState, what: str, run: int | None) -> AsyncIter
         if run is None:
             raise HTTPException(422, "watching a ledger needs ?run=N")
         await store.get_run(run)  # 404 for no such run, before the stream starts
-    return await watch_events(looks[what], state.broker, poll=state.options.poll, run_id=run or ANY_RUN)
+    return watch_events(looks[what], state.broker, poll=state.options.poll, run_id=run or ANY_RUN)
 
 
 @router.get("/live/watch")
