@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from roadie import protocol
 from roadie.conformance import ConformanceOptions, Outcome, example_params, run_conformance
-from roadie.conformance.checks import _another
 from roadie.conformance.params import invalid
+from roadie.conformance.rules.leases import another_value
 from roadie.conformance.session import Skipped
 from roadie.plugin.server import ModuleServer
 from roadie.registry.module import LeaseCall, Module
@@ -90,11 +90,11 @@ def test_a_leases_second_value_is_one_its_value_schema_takes() -> None:
     to 1 read as 0.25 was borrowed as 1.25 and refused, and the rules were skipped without
     `--value`. A lease whose manifest says what it takes gets a value it takes."""
     clock = protocol.LeaseSpec(name="time_of_day", value={"type": "number", "minimum": 0, "maximum": 1})
-    assert _another(clock, 0.25) == 0.625
+    assert another_value(clock, 0.25) == 0.625
     mode = protocol.LeaseSpec(name="mode", value={"enum": ["day", "night"]})
-    assert _another(mode, "day") == "night"
-    assert _another(protocol.LeaseSpec(name="rate"), 3) == 4  # no schema: one of the same kind
+    assert another_value(mode, "day") == "night"
+    assert another_value(protocol.LeaseSpec(name="rate"), 3) == 4  # no schema: one of the same kind
     banner = protocol.LeaseSpec(name="motd", value={"type": "string", "examples": ["Orcs!"]})
-    assert _another(banner, "Orcs!", avoid=("",), text_suffix="-layer") == "Orcs!-layer"
+    assert another_value(banner, "Orcs!", avoid=("",), text_suffix="-layer") == "Orcs!-layer"
     with pytest.raises(Skipped, match="pass --value LEASE=JSON"):
-        _another(protocol.LeaseSpec(name="fixed", value={"const": 1}), 1)
+        another_value(protocol.LeaseSpec(name="fixed", value={"const": 1}), 1)
