@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     select,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store.connector import Connector
 from roadie.store.rows import AuditRow, from_rows
 from roadie.store.tables import (
     audit,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class AuditQueries(Connector):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import (
     delete,
@@ -10,7 +11,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import InvalidState, NotFound
 from roadie.store.audit import record_audit
@@ -20,6 +20,9 @@ from roadie.store.tables import (
     api_tokens,
     web_sessions,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class AuthQueries(Connector):

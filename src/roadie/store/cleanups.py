@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     and_,
@@ -14,7 +14,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
 from roadie.states import (
@@ -38,6 +37,9 @@ from roadie.store.tables import (
     run_resources,
     runs,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class CleanupQueries(Connector):

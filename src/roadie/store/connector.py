@@ -14,17 +14,19 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import structlog
 from sqlalchemy import event, select
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import ConnectionPoolEntry
 
 from roadie.errors import StoreError
 from roadie.store import dialects, migrate
 from roadie.store.tables import UTCDateTime
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+    from sqlalchemy.pool import ConnectionPoolEntry
 
 log = structlog.get_logger(__name__)
 

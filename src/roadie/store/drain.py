@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from functools import cache, cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Integer,
@@ -18,7 +18,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
 from roadie.states import (
@@ -45,6 +44,9 @@ from roadie.store.tables import (
     runs,
     steps,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 # How an attempt ended, as the step's attempt log says it.
 _RESULTS = {StepStatus.SUCCEEDED: "succeeded", StepStatus.READY: "retry", StepStatus.SKIPPED: "cut short"}

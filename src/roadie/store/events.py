@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     and_,
     func,
     select,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import NotFound
 from roadie.store.audit import record_audit
@@ -19,6 +18,9 @@ from roadie.store.rows import EventRow, from_row, from_rows
 from roadie.store.tables import (
     events,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class EventQueries(Connector):

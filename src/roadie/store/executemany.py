@@ -9,11 +9,12 @@ batch writes three such rows a step.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CursorResult, Executable
-from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection
+if TYPE_CHECKING:
+    from sqlalchemy import CursorResult, Executable
+    from sqlalchemy.engine import Dialect
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def execute_many(conn: AsyncConnection, statement: Executable, parameters: Any) -> CursorResult[Any]:

@@ -9,11 +9,15 @@ an owner since replaced (docs/protocol.md §4, rule 7; DESIGN §11).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store.connector import Connector
 from roadie.store.tables import fence_counter, fence_sequence
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def mint_fence(conn: AsyncConnection) -> int:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.states import OVERRIDE_KIND, STEP_KIND, ResourceState, RunStatus, StepStatus
 from roadie.store.audit import record_audit
@@ -17,6 +16,9 @@ from roadie.store.fences import mint_fence
 from roadie.store.notify import NewNotification, known_targets, notify, run_payload
 from roadie.store.rows import ResourceRow, from_rows
 from roadie.store.tables import LIVE_STATES, remote_modules, run_resources, runs, steps
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -11,7 +11,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
 from roadie.states import (
@@ -29,6 +28,9 @@ from roadie.store.tables import (
     runs,
     steps,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class LeaseQueries(Connector):

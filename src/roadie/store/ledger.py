@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 from functools import cache
+from typing import TYPE_CHECKING
 
 import structlog
 from sqlalchemy import (
@@ -16,7 +17,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import InvalidState, NotFound, StoreError
 from roadie.states import (
@@ -34,6 +34,9 @@ from roadie.store.tables import (
     run_resources,
     runs,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = structlog.get_logger(__name__)
 FRESHEN_ABOVE = 10_000  # live rows of one run past which stale statistics cost a cleanup dearly

@@ -12,15 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.states import RunStatus
 from roadie.store import dialects
 from roadie.store.connector import Connector, aware
 from roadie.store.tables import deliveries, notifications, runs, webhook_targets
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 ENDED = {s.value for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)}
 

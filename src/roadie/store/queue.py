@@ -13,16 +13,18 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store import dialects
 from roadie.store.rows import StepRow, from_row
 from roadie.store.store import Store
 from roadie.store.tables import remote_calls, remote_modules, seen_requests, steps
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import secrets
 from collections.abc import Container, Iterable
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     CompoundSelect,
@@ -26,7 +26,6 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.sqltypes import NullType
 
 from roadie.errors import NotFound
@@ -48,6 +47,9 @@ from roadie.store.tables import (
     runs,
     steps,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 # Every view of a run (its page, the API's run) reads these: built once, with the run's id
 # bound at execution. Against building them per request, the run page's app took 19 % less

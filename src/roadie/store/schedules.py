@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import (
     and_,
@@ -11,7 +12,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store import dialects
 from roadie.store.audit import record_audit
@@ -22,6 +22,9 @@ from roadie.store.tables import (
     events,
     schedules,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 REFUSED = "schedule.refused"
 

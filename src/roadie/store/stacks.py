@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.errors import ClaimLost
 from roadie.states import LAYER_KIND, OVERRIDE_KIND, StepStatus
@@ -21,6 +20,9 @@ from roadie.store import dialects
 from roadie.store.connector import Connector
 from roadie.store.fences import mint_fence
 from roadie.store.tables import LIVE_STATES, lease_stacks, run_resources, steps
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass(frozen=True)

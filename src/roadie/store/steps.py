@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select, tuple_
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.store.connector import Connector, chunks
 from roadie.store.rows import StepRow, from_row, from_rows
 from roadie.store.tables import runs, steps
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class StepQueries(Connector):

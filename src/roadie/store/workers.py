@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     func,
@@ -12,7 +12,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from roadie.states import (
     StepStatus,
@@ -28,6 +27,9 @@ from roadie.store.tables import (
     steps,
     workers,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class WorkerQueries(Connector):
