@@ -141,10 +141,12 @@ async def open_store(database_url: str | None, config: str | None, queries: type
     what is stored (`run list`, `audit`...): no module is loaded or set up, no remote
     module's server asked for its manifest, no engine built. `queries` is the store's
     queries of the one concern the command reads (`RunQueries` for `run list`), so that
-    it imports those and not every query of the store. Where the SQLite file does not
-    exist (in a folder that does), it is the same as `open_context(looks=True)`."""
+    it imports those and not every query of the store. A SQLite file is read with a
+    blocking engine (`roadie.store.blocking`), which spares the command loading the asyncio
+    one. Where the SQLite file does not exist (in a folder that does), it is the same as
+    `open_context(looks=True)`."""
     url = load_settings(database_url, config).database_url
-    store = await queries.open(dialects.IN_MEMORY if _stand_in(url) else url)
+    store = await queries.open(dialects.IN_MEMORY if _stand_in(url) else url, blocking=True)
     try:
         yield store
     finally:

@@ -114,8 +114,10 @@ def test_completion_loads_nothing_heavy(tmp_path: Path) -> None:
 def test_run_list_opens_the_database_alone(tmp_path: Path) -> None:
     """`roadie run list` on a database `roadie init` made reads the store and nothing more:
     no module is loaded, no engine built, no remote client; of the store, the queries of
-    runs alone, not those of every other concern; and Alembic is not loaded to find the
-    schema at the newest migration."""
+    runs alone, not those of every other concern; Alembic is not loaded to find the
+    schema at the newest migration; and the SQLite file is read with a blocking engine,
+    without SQLAlchemy's asyncio extension (nor the ORM it loads), aiosqlite or the
+    dialect of MySQL."""
     subprocess.run([sys.executable, "-m", "roadie.cli.main", "init"], cwd=tmp_path, check=True, capture_output=True)
     modules, printed = loaded(["run", "list"], tmp_path)
     assert "roadie.store.runs" in modules
@@ -123,6 +125,7 @@ def test_run_list_opens_the_database_alone(tmp_path: Path) -> None:
     assert among(modules, (*unread, "httpx", "fastapi", "yaml", "jinja2")) == []
     other_concerns = ("roadie.store.store", "roadie.store.drain", "roadie.store.ledger", "roadie.store.cleanups")
     assert among(modules, other_concerns) == []
+    assert among(modules, ("sqlalchemy.ext.asyncio", "sqlalchemy.orm", "aiosqlite", "sqlalchemy.dialects.mysql")) == []
     assert "┃ run ┃" in printed
 
 

@@ -198,3 +198,46 @@ def test_a_deleted_sqlite_file_is_never_made_again_by_a_new_connection(tmp_path:
         path = tmp_path / name
         assert asyncio.run(main(path)) == f"the database file {path} was deleted"
         assert not path.exists()
+
+
+def test_a_command_that_reads_sqlite_reads_what_the_worker_wrote_with_a_blocking_engine(tmp_path: Path) -> None:
+    """`roadie run list` and the other listings read a SQLite file with a blocking engine
+    (`roadie.store.blocking`): the same rows, times and JSON as the asyncio engine, the
+    same PRAGMAs, a read that sees a writer's committed rows only, and never a file made."""
+    from datetime import UTC, datetime
+
+    path = tmp_path / "roadie.db"
+    url = f"sqlite:///{path}"
+    when = datetime(2026, 12, 7, 16, 30, 1, 123456, tzinfo=UTC)
+
+    async def main() -> None:
+        writer = await Store.open(url)
+        reader = await Store.open(url, blocking=True)
+        try:
+            assert type(reader.engine).__name__ == "BlockingEngine"
+            await writer.write_audit(when, "ana", "run.cancel", "run:7", {"why": ["late", 3]})
+            [seen] = await reader.list_audit()
+            assert (seen.at, seen.actor, seen.action, seen.subject, seen.detail) == (
+                when,
+                "ana",
+                "run.cancel",
+                "run:7",
+                {"why": ["late", 3]},
+            )
+
+            async def pragmas(conn: Any) -> tuple[Any, ...]:
+                read = [(await conn.exec_driver_sql(f"PRAGMA {p}")).scalar() for p in ("busy_timeout", "journal_mode")]
+                return (*read, (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar())
+
+            assert await reader._read(pragmas) == await writer._read(pragmas)
+
+            os.unlink(path)
+            await reader.engine.dispose()
+            with pytest.raises(Exception, match="unable to open database file"):
+                await reader.list_audit()
+            assert not path.exists()
+        finally:
+            await reader.close()
+            await writer.close()
+
+    asyncio.run(main())

@@ -8,7 +8,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from sqlalchemy import (
@@ -27,11 +27,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from roadie.errors import ConfigError, StoreError
-from roadie.store import sqlite_driver
 from roadie.store.json_text import json_dumps, json_loads
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = structlog.get_logger(__name__)
 
@@ -102,9 +104,11 @@ def async_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+def create_engine(url: str, *, blocking: bool = False, **kwargs: Any) -> AsyncEngine:
     """The engine for an operator's URL; a URL that names no database Roadie speaks is a
-    `ConfigError` saying which it does."""
+    `ConfigError` saying which it does. `blocking` asks, for a SQLite file, for an engine
+    whose calls block (`roadie.store.blocking`), for a command that reads and exits; any
+    other database gets the asyncio engine all the same."""
     url = normal_url(url)
     backend = parse_url(url).get_backend_name()
     if backend not in ASYNC_DRIVERS:
@@ -118,10 +122,18 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if backend == "postgresql":
         url = _take_prepare_threshold(url, kwargs)
     url = _take_pool_size(url, kwargs)
-    if backend == "sqlite":
-        kwargs.setdefault("module", sqlite_driver.dbapi())
     kwargs.setdefault("json_deserializer", json_loads)
     kwargs.setdefault("json_serializer", json_dumps)
+    if blocking and backend == "sqlite" and (path := sqlite_file(make_url(url))) is not None:
+        return _blocking_sqlite(url, path, kwargs)
+    if backend == "sqlite":
+        from roadie.store import sqlite_driver
+
+        kwargs.setdefault("module", sqlite_driver.dbapi())
+    # (Loaded here: SQLAlchemy's asyncio extension loads its ORM, and a command that reads
+    # a SQLite file and exits has no use for either.)
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     try:
         engine = create_async_engine(async_url(url), **kwargs)
     except ImportError as exc:  # the driver is an extra: `postgresql` or `mariadb`
@@ -130,10 +142,21 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
             f"{backend} needs its driver, {exc.name or exc}, which is not installed: pip install 'roadie[{extra}]'"
         ) from exc
     if engine.dialect.name == "sqlite":
-        _configure_sqlite(engine)
+        configure_sqlite(engine.sync_engine)
     if engine.dialect.name == "postgresql":
         _configure_postgresql(engine)
     return engine
+
+
+def _blocking_sqlite(url: str, path: Path, kwargs: dict[str, Any]) -> AsyncEngine:
+    from sqlalchemy import create_engine as create_blocking_engine
+
+    from roadie.store.blocking import BlockingEngine, open_sqlite_file
+
+    engine = create_blocking_engine(url, creator=lambda: open_sqlite_file(path), **kwargs)
+    configure_sqlite(engine)
+    # What the store calls of an AsyncEngine, a BlockingEngine answers (see its module).
+    return cast("AsyncEngine", BlockingEngine(engine))
 
 
 POOL_SIZE = 15
@@ -221,12 +244,12 @@ def _configure_postgresql(engine: AsyncEngine) -> None:
         record.driver_connection.adapters.register_dumper(list, ListBinaryDumper)
 
 
-def _configure_sqlite(engine: AsyncEngine) -> None:
+def configure_sqlite(engine: Engine) -> None:
     # pysqlite's own transaction handling begins lazily and as DEFERRED, so two writers
     # can both read and then deadlock on the upgrade to a write lock. Take the write
     # lock at BEGIN instead. A read says so (`READ_ONLY`) and begins DEFERRED: with WAL
     # it reads a snapshot and neither waits for a writer nor holds one up.
-    @event.listens_for(engine.sync_engine, "connect")
+    @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -239,7 +262,7 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     # A read of one statement needs no BEGIN at all (`ONE_STATEMENT`): SQLite reads each
     # statement from one snapshot by itself, and the BEGIN would cost a round trip to
     # aiosqlite's thread, as much as the read.
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
         options = conn.get_execution_options()
         if options.get(ONE_STATEMENT):
@@ -249,12 +272,13 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     # Nor does a read that began none need a ROLLBACK when it ends (nor the pool one when
     # the connection goes back): each is a round trip to aiosqlite's thread, and the
     # connection knows without one whether a transaction is open.
-    dialect = engine.sync_engine.dialect
+    dialect = engine.dialect
     rollback = dialect.do_rollback
 
     def _rollback(dbapi_connection: Any) -> None:
         try:
-            open_ = dbapi_connection.driver_connection.in_transaction
+            # (aiosqlite's adapter holds the sqlite3 connection; the blocking engine's is one)
+            open_ = getattr(dbapi_connection, "driver_connection", dbapi_connection).in_transaction
         except Exception:  # a closed connection: the driver's own rollback says how
             open_ = True
         if open_:

@@ -28,6 +28,8 @@ from sqlalchemy.dialects.sqlite.aiosqlite import (
     AsyncAdapt_aiosqlite_dbapi,
 )
 
+from roadie.store.blocking import read_write_uri
+
 
 def _run(connection: sqlite3.Connection, operation: str, parameters: Any, many: bool) -> tuple[Any, Any, Any, int]:
     """On aiosqlite's thread: the statement, its description, its rows, and its counts."""
@@ -79,9 +81,7 @@ class _Connection(AsyncAdapt_aiosqlite_connection):
 class _DBAPI(AsyncAdapt_aiosqlite_dbapi):
     def connect(self, *arg: Any, **kw: Any) -> AsyncAdapt_aiosqlite_connection:
         if arg and not kw.get("uri") and arg[0] not in ("", ":memory:"):
-            # Opened read-write, never created: a new connection of a worker whose file
-            # was deleted made an empty one in its place, which then read as "replaced".
-            arg = (f"{Path(arg[0]).absolute().as_uri()}?mode=rw", *arg[1:])
+            arg = (read_write_uri(Path(arg[0])), *arg[1:])  # opened read-write, never created
             kw["uri"] = True
         stock = super().connect(*arg, **kw)  # the driver's connection, opened as the stock adapter does
         return _Connection(self, stock._connection)
