@@ -310,7 +310,12 @@ phases:
 def test_an_open_ledger_never_contradicts_itself_when_its_run_is_cleaned_up(server: tuple[str, str]) -> None:
     """Before: with a ledger open while its run was cancelled and cleaned up, the rows said
     `reverted` while the plan still listed a restore and the clean-up card said the run
-    was in flight, until a reload. Now the whole page is redrawn together."""
+    was in flight, until a reload. Now the whole page is redrawn together.
+
+    And a page drawn before its stream opened: the run is cancelled and cleaned up while
+    the page's script is held back, so its stream's first look already sees the end.
+    Before, the page then kept saying "in flight" until the next change (there would be
+    none); now it looks again once its stream is watching."""
     from playwright.sync_api import expect, sync_playwright
 
     base, token = server
@@ -332,12 +337,20 @@ def test_an_open_ledger_never_contradicts_itself_when_its_run_is_cleaned_up(serv
             page.fill("#token", token)
             page.click("button[type=submit]")
             expect(page.locator("h1")).to_have_text("Runs")
-            page.goto(f"{base}/runs/{run['id']}/ledger")
+            held: list[Any] = []
+            page.route("**/static/live.js", lambda route: held.append(route))
+            page.goto(f"{base}/runs/{run['id']}/ledger", wait_until="commit")
             expect(page.locator("#plan")).to_contain_text("restore")
             expect(page.locator("main")).to_contain_text("The run is in flight")
-            page.wait_for_timeout(1000)  # its stream is open: what changes next is heard
             cancelled = httpx.post(f"{base}/api/v1/runs/{run['id']}/cancel", headers=headers)
             assert cancelled.status_code == 202, cancelled.text
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{base}/api/v1/runs/{run['id']}", headers=headers).json()["cleanup_status"] != "complete":
+                assert time.monotonic() < deadline, "the run was never cleaned up"
+                time.sleep(0.1)
+            while not held:  # (the page asks for its script while Playwright is waiting)
+                page.wait_for_timeout(50)
+            held[0].continue_()
             expect(page.locator("#ledger")).to_contain_text("reverted", timeout=15_000)
             expect(page.locator("#cleanup-status")).to_contain_text("complete", timeout=15_000)
             expect(page.locator("#plan")).to_contain_text("Nothing to clean up")

@@ -7,8 +7,10 @@ whenever what the run shows changes, and `end` once the run has ended and any au
 cleanup is done, then closes.
 
 A list's stream (the runs, a run's ledger, the leases, the workers: `watch_events`) reads
-what its page shows the same way, and sends `change` whenever that differs from what it
-last read; the page then fetches itself again and swaps in its table.
+what its page shows the same way. It sends `watching` once it has first read it, and
+`change` whenever that differs from what it last read; the page then fetches itself again
+and swaps in its table. A page is drawn before its stream opens, so at `watching` it looks
+again once: what changed between the two is then not missed.
 """
 
 from __future__ import annotations
@@ -105,15 +107,16 @@ async def run_events(store: Store, broker: Broker, run_id: int, *, poll: float =
 async def watch_events(
     look: Callable[[], Awaitable[Any]], broker: Broker, *, poll: float = 1.0, run_id: int = ANY_RUN
 ) -> AsyncIterator[str]:
-    """`change` each time what `look()` answers differs from its last answer (the first is
-    what the page was drawn from, and is not sent), woken early by news of `run_id`'s
-    (default: any run's); it runs until the viewer leaves."""
+    """`watching` once the first answer of `look()` is read (what changes after it is
+    heard: a page drawn before looks again), then `change` each time an answer differs
+    from the one before, woken early by news of `run_id`'s (default: any run's); it runs
+    until the viewer leaves."""
     try:
         last = await look()
     except StoreError:
         return
     quiet = 0.0
-    yield ": watching\n\n"
+    yield _event("watching", {})
     while True:
         await broker.wait(run_id, poll)
         try:

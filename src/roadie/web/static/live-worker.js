@@ -39,7 +39,7 @@ function reconnect() {
   };
   source.onerror = function () { outage(null); };
   source.addEventListener("outage", function (event) { outage(JSON.parse(event.data).data || null); });
-  ["run", "end", "change"].forEach(function (name) {
+  ["run", "end", "change", "watching"].forEach(function (name) {
     source.addEventListener(name, function (event) {
       var message = JSON.parse(event.data);
       send(message.sub, name, message.data);

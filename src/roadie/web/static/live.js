@@ -1,12 +1,14 @@
 // Live pages: the run page redraws its live part on each `run` event, and a list (runs, a
 // ledger, leases, workers) fetches its page again and swaps in its table on each
-// `change` (htmx). What a page follows is in its elements' data-live ("run:5", "runs",
-// "ledger:5"). Every tab of the browser shares one connection through live-worker.js (a
-// SharedWorker); where there is none, the page keeps one stream of its own.
+// `change` (htmx), and on `watching`, when its stream has first read what it compares
+// against: the page was drawn before that, and what changed in between would otherwise
+// go unheard (at a stream's first opening as at every reopening). What a page follows is
+// in its elements' data-live ("run:5", "runs", "ledger:5"). Every tab of the browser
+// shares one connection through live-worker.js (a SharedWorker); where there is none,
+// the page keeps one stream of its own.
 (function () {
   var handlers = {};
   var channel = null;
-  var opened = false;
 
   function subs() { return Object.keys(handlers); }
 
@@ -38,13 +40,9 @@
         document.documentElement.dataset.streamState = message.data.ok ? "waking" : "down";
         return;
       }
-      // The shared stream (re)opened: what changed while it was closed was not heard, so
-      // every list looks again (not at the first opening: the page was just drawn).
-      if (message.name === "open") {
-        if (opened) Object.keys(handlers).forEach(function (key) { handlers[key]("change", null); });
-        opened = true;
-        document.documentElement.dataset.streamState = "open";  // what the page follows is followed
-      }
+      // The stream (re)opened. Each list looks again at its stream's `watching`, and a
+      // run page redraws at its stream's first `run`: nothing to do here but say so.
+      if (message.name === "open") document.documentElement.dataset.streamState = "open";
       return;
     }
     var handler = handlers[message.sub];
@@ -76,7 +74,7 @@
       source.onopen = function () { dispatch({ sub: null, name: "open" }); };
       source.onerror = function () { source.close(); wait(); };
       source.addEventListener("outage", function () { source.close(); wait(); });
-      ["run", "end", "change"].forEach(function (name) {
+      ["run", "end", "change", "watching"].forEach(function (name) {
         source.addEventListener(name, function (event) {
           var message = JSON.parse(event.data);
           dispatch({ sub: message.sub, name: name, data: message.data });
