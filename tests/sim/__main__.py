@@ -17,6 +17,8 @@ from tests.sim.databases import SeedDatabases
 from tests.sim.figures import Figures
 from tests.sim.simulation import EVENTS, STEPS, quiet_logging, run_seed
 
+PROGRESS_EVERY = 60.0  # seconds between lines saying how far a batch has gone
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__.splitlines()[0])
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logging()
     seeds = [args.seed] if args.seed is not None else list(range(args.first, args.first + args.seeds))
     figures = Figures(args.backend)
-    began = time.monotonic()
+    began = said = time.monotonic()
     with tempfile.TemporaryDirectory() as home:
         databases = SeedDatabases(args.backend, Path(home))
         try:
@@ -46,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
                 figures.add(result)
                 if result.violations:
                     print(result.describe(tail=10**6 if args.trace else 40), file=sys.stderr)
+                if time.monotonic() - said >= PROGRESS_EVERY:  # thousands of seeds take hours
+                    said = time.monotonic()
+                    print(figures.progress(len(seeds), said - began), flush=True)
         finally:
             databases.close()
     figures.seconds = time.monotonic() - began

@@ -28,6 +28,11 @@ class Figures:
         for invariant in sorted({v.invariant for v in result.violations}):
             self.violated.setdefault(invariant, []).append(result.seed)
 
+    def progress(self, of: int, seconds: float) -> str:
+        """A line saying how far a batch has gone, for a run of hours."""
+        violating = len({seed for seeds in self.violated.values() for seed in seeds})
+        return f"{self.backend}: {self.seeds} of {of} seeds, {violating} with a violation, {seconds:.0f}s"
+
     def table(self) -> str:
         lines = [
             f"simulation on {self.backend}: {self.seeds} seeds, {self.runs} runs, {self.steps} scheduler steps, "
