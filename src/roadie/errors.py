@@ -115,6 +115,11 @@ class Superseded(ClaimLost):
         self.mark = mark
 
 
+class HandedBack(RoadieError):
+    """Work this process held was given back unfinished, for another to carry on with at
+    once: the process is stopping. What it did is recorded; nothing is left half done."""
+
+
 class StepError(RoadieError):
     """A step failed. Whether it is retried is said by the error itself."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tracemalloc
 from typing import Any
@@ -458,5 +459,44 @@ phases:
         tracemalloc.stop()
         assert (report.status, report.reverted) == ("complete", 1)
         assert peak - current < decoding / 3, (peak - current, decoding)
+
+    harness.run(body)
+
+
+def test_a_stopping_worker_gives_back_a_cleanup_its_dead_module_holds_up(harness: Harness) -> None:
+    """Before: a worker told to stop waited for its automatic cleanups to end, and with
+    their module down each call waited out its deadline (a Luanti cleanup of four
+    inspections held a SIGTERM up for 7 minutes; after a SIGKILL its claim held the
+    cleanup for the claim's lifetime). Now the call under way ends, what is done is
+    recorded, and the cleanup is given back: no further call is made, it is due again at
+    once, and the next worker finishes it once the module is back."""
+    entered: list[str] = []
+
+    async def dead(call: Any) -> None:
+        entered.append(call.idempotency_key)
+        await asyncio.Event().wait()  # a module that never answers: the call's deadline ends it
+
+    async def body() -> None:
+        run = await harness.start(phases(things("a"), things("b"), things("c")))
+        harness.probe.observe_revert = dead
+        worker = asyncio.create_task(harness.engine.run_forever())
+
+        async def reverting() -> None:
+            while not entered:
+                await asyncio.sleep(0.01)
+
+        await harness.drive(reverting())
+        harness.engine.stop()
+        await harness.drive(worker)
+        assert len(entered) == 1  # before: all three, each waited out
+        assert (await harness.get_run(run)).cleanup_status == "pending"
+        assert await harness.store.runs_due_cleanup(harness.clock.now()) == [run.id]  # given back, not left to expire
+        assert sorted(r.state for r in await harness.resources(run, "thing")) == ["live"] * 3
+
+        harness.probe.observe_revert = None  # the module is back
+        await harness.restart()
+        [ended] = await harness.settle(run)
+        assert ended.cleanup_status == "complete"
+        assert sorted(r.state for r in await harness.resources(run, "thing")) == ["reverted"] * 3
 
     harness.run(body)

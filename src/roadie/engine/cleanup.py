@@ -22,7 +22,7 @@ import structlog
 from roadie.clock import Clock
 from roadie.engine import leases
 from roadie.engine.verify import LATE_AFTER, Verifier, late
-from roadie.errors import ClaimLost, InvalidState, RoadieError, StoreError, UnknownAction
+from roadie.errors import ClaimLost, HandedBack, InvalidState, RoadieError, StoreError, UnknownAction
 from roadie.registry import Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
 from roadie.states import (
@@ -177,8 +177,11 @@ class Cleanup:
         call_timeout: float | None = None,
         cap: int | None = None,
         caps: dict[str, int] | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
+        # Whether the worker is stopping: a cleanup then starts no new call (`_keeper`).
+        self.stopping = stopping or (lambda: False)
         self.registry = registry
         self.clock = clock
         self.worker = worker
@@ -428,9 +431,18 @@ class Cleanup:
         """What is awaited before each call: the claim is pushed on (with what `marks`
         holds) once a third of its lifetime has passed since the last write, or when less
         of it is left than a call's deadline (DESIGN §13: no call starts with less claim
-        time left than it needs, so none can land after the claim has passed on)."""
+        time left than it needs, so none can land after the claim has passed on).
+
+        Once the worker is stopping, no call starts: what is done is recorded, and the
+        claim given back (`HandedBack`) for another worker to carry on at once. Waiting
+        for the rest would hold the stop up for a call's deadline per call when the
+        module is down, and the claim for its lifetime after a SIGKILL ends the wait."""
 
         async def keep() -> None:
+            if self.stopping():
+                await self._record(claim, marks)
+                await self.store.release_cleanup(claim)
+                raise HandedBack(f"run {claim.run_id}'s cleanup was given back unfinished: this worker is stopping")
             now = self.clock.now()
             left = (marks.expires - now).total_seconds()
             if (now - marks.written).total_seconds() >= self.claim_ttl / 3 or left < self.call_timeout:

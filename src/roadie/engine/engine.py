@@ -34,6 +34,7 @@ from roadie.engine.notify import Notifier, Webhook
 from roadie.engine.sweep import Sweeper
 from roadie.errors import (
     DatabaseLost,
+    HandedBack,
     InvalidState,
     RoadieError,
     StoreError,
@@ -76,6 +77,7 @@ class Engine(Drain):
             incarnation=self.incarnation,
             cap=self.options.cleanup_cap,
             caps=self.options.cleanup_caps,
+            stopping=lambda: self._stopping.is_set(),
         )
         self.observer: Observer = observer or (lambda kind, data: None)
         self._stopping = asyncio.Event()
@@ -303,6 +305,8 @@ class Engine(Drain):
             await self.clean_up(run_id, actor="system")
         except InvalidState as exc:  # another owner took it first, or took it over: theirs
             log.info("cleanup skipped", run_id=run_id, reason=exc.message)
+        except HandedBack as exc:  # the worker is stopping: another takes it from here
+            log.info("cleanup handed back", run_id=run_id, reason=exc.message)
         except StoreError as exc:  # the database went away: the claim expires, and it is due again
             log.warning("cleanup failed", run_id=run_id, error=exc.message)
         except Exception:  # a task's error would go unseen: say it, and let the claim expire

@@ -195,6 +195,22 @@ class CleanupQueries(Connector):
 
         await self._write("extend_cleanup_claim", work)
 
+    async def release_cleanup(self, claim: CleanupClaim) -> bool:
+        """Give a cleanup's claim back unfinished, for another worker to take at once (this
+        one is stopping); what was done under it is recorded already. False when it was no
+        longer held."""
+
+        async def work(conn: AsyncConnection) -> bool:
+            released = await conn.execute(
+                update(runs)
+                .where(runs.c.id == claim.run_id, runs.c.cleanup_token == claim.token)
+                .values(cleanup_claimed_by=None, cleanup_claim_expires=None, cleanup_token=None)
+            )
+            return bool(released.rowcount)
+
+        result: bool = await self._write("release_cleanup", work)
+        return result
+
     async def finish_cleanup(
         self,
         claim: CleanupClaim,
