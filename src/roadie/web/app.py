@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roadie.definitions import schema as event_schema
-from roadie.errors import DefinitionError, InvalidState, NotFound, RoadieError, StoreError
+from roadie.errors import DefinitionError, HandedBack, InvalidState, NotFound, RoadieError, StoreError
 from roadie.remote.gateway import gateway_router
 from roadie.runtime import Context, open_context
 from roadie.web import api, bodies, dashboard, streams
@@ -223,6 +223,7 @@ STATUS: list[tuple[type[RoadieError], int]] = [
     (InvalidState, 409),
     (DefinitionError, 422),
     (StoreError, 503),
+    (HandedBack, 503),  # the server is stopping: a cleanup asked of it now is given back
 ]
 
 
