@@ -11,6 +11,7 @@ lapsed worker's own clock never saw its claim run out (a paused process, a clock
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from tests.conftest import Harness
@@ -19,7 +20,7 @@ from tests.integration.test_ownership import LEASE, Gate
 
 from roadie.clock import FakeClock
 from roadie.engine import Engine, EngineOptions
-from roadie.errors import ClaimLost
+from roadie.errors import ClaimLost, PermanentError
 from roadie.store import Store
 
 
@@ -138,3 +139,71 @@ def test_a_layer_is_not_changed_for_a_step_whose_claim_is_gone(harness: Harness)
         assert await harness.store.claim_stack("probe.dial", "stack.t", harness.clock.now(), 60) is not None
 
     harness.run(body)
+
+
+def test_a_lapsed_borrow_that_lands_after_its_runs_cleanup_is_refused(harness: Harness) -> None:
+    """Found by the simulation's 10,000 seeds (seed 656). E1 reads and saves the dial's 1.5,
+    then stalls before its write of 5; its claim runs out, the run is cancelled and cleaned
+    up. The restore found the world showing 1.5 already and wrote nothing, so the world
+    held no fence above E1's: E1's write then landed, and the world kept 5 with no row
+    left to give it back. The restore now writes 1.5 all the same, under its claim's
+    fence, and E1's late write is refused."""
+    harness.probe.dial = 1.5
+
+    async def body() -> None:
+        a = await harness.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
+        gate = Gate()
+        harness.probe.before_dial_write = gate
+        e1 = await _lapsing_engine(harness, "e1")
+        try:
+            stalled = asyncio.create_task(e1.tick())
+            await gate.reached.wait()
+            harness.clock.advance(e1.options.claim_ttl + 1)
+            await harness.engine.cancel_run(a.id, actor="staff")
+            [a] = await harness.settle(a)
+            assert a.status == "cancelled"
+            assert (await harness.engine.clean_up(a.id)).status == "complete"
+            gate.open()
+            await harness.drive(stalled)
+        finally:
+            gate.open()
+            await e1.store.close()
+        assert harness.probe.dial == 1.5
+        assert [value for value, _ in harness.probe.written] == [1.5]  # the restore's; E1's refused
+
+    harness.run(body)
+
+
+def test_a_layer_popped_where_the_world_shows_what_is_below_is_written_all_the_same(harness: Harness) -> None:
+    """The same hole with a lease that stacks (the simulation's seed 6008): a layer was put
+    on the stack but its write never landed where the pop could see it, so the world
+    showed the value below already, and the pop wrote nothing. A write of the layer
+    still on its way (its worker cut off) then landed after the pop and stayed. The pop
+    now writes the value below all the same, under the stack's new fence, higher than
+    the layer's: the world refuses the layer's write if it comes."""
+    harness.probe.dial = 1.5
+    lease = harness.registry.lease("probe.dial")
+    lease.stacks = True
+    layered = LEASE.format(value=5, hold=", priority: 3")
+    lost: list[int] = []
+
+    async def write_lost(call: Any, value: Any) -> None:
+        if not lost:
+            lost.append(call.fence)
+            raise PermanentError("the write is on its way still, and the step gives up on it")
+
+    async def body() -> None:
+        harness.probe.before_dial_write = write_lost
+        a = await harness.start(layered)
+        [a] = await harness.settle(a)
+        assert a.status == "failed"
+        assert harness.probe.dial == 1.5
+        assert (await harness.engine.clean_up(a.id)).status == "complete"
+        assert [value for value, _ in harness.probe.written] == [1.5]  # before: nothing written
+        [(_, popped)] = harness.probe.written
+        assert popped > lost[0]
+
+    try:
+        harness.run(body)
+    finally:
+        lease.stacks = False

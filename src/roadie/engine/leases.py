@@ -149,9 +149,12 @@ async def restore(
     call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id, fence=fence)
     saved = row.payload["saved"]
     shown = await maybe_await(lease.read_fn(call))
-    if shown == saved:
-        return None
-    if shown not in await store.values_written(row.run_id, row.ref):
+    # A world that shows the saved value already is written to all the same: the write
+    # carries this claim's fence, which the world then holds against the borrow's own.
+    # A borrow whose claim lapsed before its write landed (a worker cut off from the
+    # database, its call still on the wire) would otherwise land after this restore
+    # and stay, with no row left to give it back.
+    if shown != saved and shown not in await store.values_written(row.run_id, row.ref):
         log.warning("borrowed value changed since: left alone", run_id=row.run_id, ref=row.ref, shown=shown)
         return Changed(shown)
     await maybe_await(give_back(call, saved))
@@ -334,13 +337,12 @@ async def _pop(store: Store, registry: Registry, clock: Clock, row: ResourceRow,
         call = lease_call(registry, lease, target, clock, key=restore_key(row), run_id=row.run_id, fence=stack.fence)
         shown = await maybe_await(lease.read_fn(call))
         changed = None
-        writes = False
-        if shown != top[0]:
-            if shown in stack.ours():
-                writes = True
-            else:
-                log.warning("stacked value changed since: left alone", run_id=row.run_id, ref=ref, shown=shown)
-                changed = Changed(shown)
+        # Written even where the world shows it already, to put the stack's fence in the
+        # world before a push whose claim lapsed can land (as `restore` does).
+        writes = shown == top[0] or shown in stack.ours()
+        if not writes:
+            log.warning("stacked value changed since: left alone", run_id=row.run_id, ref=ref, shown=shown)
+            changed = Changed(shown)
         await store.change_stack(stack, clock.now(), layer=row.id, payload=payload, writing=top if writes else None)
         if writes:
             await maybe_await(give_back(call, top[0]))
