@@ -301,6 +301,15 @@ class SimWorld:
 
     def write_setting(self, target: str, value: Any, writer: Writer, read: Read | None) -> None:
         """Write a setting for Roadie. `read` is what the writing task last read of it."""
+        hand = self.writers.get(target, Writer("start", None)).how == "hand"
+        if hand and writer.how == "restore" and read is not None and read.value == value == self.settings[target]:
+            # A restore gives back what it read, the hand value still shown (a borrow took
+            # it as the value to give back): it changes nothing, and the value stays the
+            # hand's. Written all the same for its fence (a lapsed borrow may be on its way).
+            self.world_writes += 1
+            self.log.append(f"restore {target}={value!r} run {writer.run_id}: the hand value, as it was")
+            self.save()
+            return
         since = [owed for at, owed in self.outside.get(target, []) if read is not None and at > read.at]
         if since:
             # Read before a change from outside (a hand edit, a restart) landed, written
@@ -310,7 +319,7 @@ class SimWorld:
             self.log.append(
                 f"{target}={self.settings[target]!r} lost between a read and a write of run {writer.run_id}"
             )
-        elif self.writers.get(target, Writer("start", None)).how == "hand":
+        elif hand:
             self.over_hand(target, value, writer, read)
         last = None if target in STACKED else self.writers.get(target)
         if last is not None and (last.how == "hand" or (target, last.run_id) in self.forgotten):
