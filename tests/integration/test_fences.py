@@ -11,6 +11,8 @@ lapsed worker's own clock never saw its claim run out (a paused process, a clock
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -30,6 +32,31 @@ async def _lapsing_engine(h: Harness, worker_id: str) -> Engine:
     store = await Store.open(h.database_url)
     frozen = FakeClock(h.clock.now())
     return Engine(store, h.registry, clock=frozen, worker_id=worker_id, options=EngineOptions(seed=3))
+
+
+@asynccontextmanager
+async def _borrow_stalled_before_its_write(h: Harness) -> AsyncIterator[tuple[int, Callable[[], Awaitable[None]]]]:
+    """Run A borrows the dial's value 5 (its step may take 10 minutes). E1, a worker whose
+    clock stands still, reads and saves what the dial shows, then stalls before its write,
+    and its claim runs out on everyone else's clock. Yields A's id, and `land`: let E1's
+    write go on its way, and wait for E1's tick to end."""
+    a = await h.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
+    gate = Gate()
+    h.probe.before_dial_write = gate
+    e1 = await _lapsing_engine(h, "e1")
+    try:
+        stalled = asyncio.create_task(e1.tick())
+        await gate.reached.wait()
+        h.clock.advance(e1.options.claim_ttl + 1)
+
+        async def land() -> None:
+            gate.open()
+            await h.drive(stalled)
+
+        yield a.id, land
+    finally:
+        gate.open()
+        await e1.store.close()
 
 
 def test_fences_grow_with_every_claim_of_a_step_and_its_cleanup(harness: Harness) -> None:
@@ -62,26 +89,15 @@ def test_a_lapsed_workers_borrow_is_refused_by_the_world(harness: Harness) -> No
     harness.probe.dial = 1.5
 
     async def body() -> None:
-        a = await harness.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
-        gate = Gate()
-        harness.probe.before_dial_write = gate
-        e1 = await _lapsing_engine(harness, "e1")
-        try:
-            stalled = asyncio.create_task(e1.tick())
-            await gate.reached.wait()
-            harness.clock.advance(e1.options.claim_ttl + 1)
-            [a] = await harness.settle(a)  # E2 takes the step over
+        async with _borrow_stalled_before_its_write(harness) as (run, land):
+            [a] = await harness.settle(run)  # E2 takes the step over
             assert (a.status, harness.probe.dial) == ("succeeded", 5)
             assert (await harness.engine.clean_up(a.id)).status == "complete"
             assert harness.probe.dial == 1.5
             b = await harness.start(LEASE.format(value=7, hold="").replace("id: borrow", "id: borrow-b"))
             [b] = await harness.settle(b)
             assert (b.status, harness.probe.dial) == ("succeeded", 7)
-            gate.open()
-            await harness.drive(stalled)
-        finally:
-            gate.open()
-            await e1.store.close()
+            await land()
         assert harness.probe.dial == 7
         assert [value for value, _ in harness.probe.written] == [5, 1.5, 7]
         fences = [fence for _, fence in harness.probe.written]
@@ -151,23 +167,12 @@ def test_a_lapsed_borrow_that_lands_after_its_runs_cleanup_is_refused(harness: H
     harness.probe.dial = 1.5
 
     async def body() -> None:
-        a = await harness.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
-        gate = Gate()
-        harness.probe.before_dial_write = gate
-        e1 = await _lapsing_engine(harness, "e1")
-        try:
-            stalled = asyncio.create_task(e1.tick())
-            await gate.reached.wait()
-            harness.clock.advance(e1.options.claim_ttl + 1)
-            await harness.engine.cancel_run(a.id, actor="staff")
-            [a] = await harness.settle(a)
+        async with _borrow_stalled_before_its_write(harness) as (run, land):
+            await harness.engine.cancel_run(run, actor="staff")
+            [a] = await harness.settle(run)
             assert a.status == "cancelled"
             assert (await harness.engine.clean_up(a.id)).status == "complete"
-            gate.open()
-            await harness.drive(stalled)
-        finally:
-            gate.open()
-            await e1.store.close()
+            await land()
         assert harness.probe.dial == 1.5
         assert [value for value, _ in harness.probe.written] == [1.5]  # the restore's; E1's refused
 
