@@ -550,6 +550,8 @@ class Simulation:
                 self.world.forgotten.add((target, result.run_id))
         elif name == "claim_expired_lease" and result:
             actor.leases[int(args[0])] = args[2] + timedelta(seconds=float(args[3]))
+        elif name == "release_lease_row":
+            actor.leases.pop(int(args[0]), None)  # given back: another sweeper may take it now
         elif name == "deregister_worker":
             incarnation = str(args[1])
             for run_id in [r for r, token in self.cleanup_holder.items() if token.startswith(incarnation)]:
