@@ -86,7 +86,7 @@ netns:
 # The crash-and-fault suite (killed worker processes included) and the property tests at
 # the size docs/reliability.md reports, on every database (an hour or more on 2 cores; it
 # stops and starts a PostgreSQL server of its own, and fails over clusters and cuts
-# network links of its own), then the many-worker simulation (tests/sim: 10,000 seeds on SQLite, 500 on each server, several hours;
+# network links of its own), then the many-worker simulation (tests/sim: 10,000 seeds on SQLite, 500 on each server, about two and a half hours;
 # failing seeds with their traces go to .sim-failures.txt);
 # `make test` runs it at CI size.
 chaos: $(STAMP) netns
