@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from secrets import token_urlsafe
 from typing import Annotated, Any, Literal, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from standardwebhooks import Webhook
 
 from roadie.clock import Clock, SystemClock
@@ -467,18 +467,7 @@ class Manifest(_Body):
         return value
 
 
-def _a_number(value: Any) -> Any:
-    """A fence is a JSON number (`7`, or `7.0` from an encoder that keeps every number as a
-    double); `"7"` and `true`, which pydantic's lax integers would take, are refused: a
-    module that compares fences as text or truth values would order them wrongly."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("a fence is a JSON number")
-    return value
-
-
-Fence = Annotated[
-    int, BeforeValidator(_a_number), Field(ge=1, le=MAX_FENCE, description="only grows for what the call changes")
-]
+Fence = Annotated[int, Field(ge=1, le=MAX_FENCE, description="only grows for what the call changes")]
 
 
 class DispatchRequest(_Body):
