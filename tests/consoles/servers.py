@@ -240,15 +240,16 @@ def _bindable(port: int) -> bool:
 
 class LossyProxy:
     """A UDP relay between Roadie and a server that drops what it is told to: the replies
-    to the next N commands that match a pattern (`lose_reply_to`), or everything (`cut`).
-    It counts the commands that passed, by their text."""
+    to the next N commands that match a pattern (`lose_reply_to`), the next N such commands
+    themselves, as a server that rate-limits does (`lose_request_to`), or everything
+    (`cut`). It counts the commands that passed, by their text."""
 
     def __init__(self, server_port: int) -> None:
         self.server = ("127.0.0.1", server_port)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
-        self.lose: list[tuple[re.Pattern[str], int]] = []
+        self.lose: list[tuple[re.Pattern[str], int, bool]] = []
         self.cut = False
         self.seen: list[str] = []
         self.lost: list[str] = []
@@ -259,7 +260,11 @@ class LossyProxy:
 
     def lose_reply_to(self, pattern: str, times: int = 1) -> None:
         with self._lock:
-            self.lose.append((re.compile(pattern), times))
+            self.lose.append((re.compile(pattern), times, False))
+
+    def lose_request_to(self, pattern: str, times: int = 1) -> None:
+        with self._lock:
+            self.lose.append((re.compile(pattern), times, True))
 
     def _serve(self) -> None:
         self.sock.settimeout(0.2)
@@ -273,15 +278,17 @@ class LossyProxy:
             if self.cut:
                 continue
             command = data.decode(errors="replace").split(" ", 2)[-1]
-            drop = False
+            drop = swallow = False
             with self._lock:
                 self.seen.append(command)
-                for index, (pattern, times) in enumerate(self.lose):
+                for index, (pattern, times, request) in enumerate(self.lose):
                     if times > 0 and pattern.search(command):
-                        self.lose[index] = (pattern, times - 1)
-                        drop = True
+                        self.lose[index] = (pattern, times - 1, request)
+                        drop, swallow = True, request
                         self.lost.append(command)
                         break
+            if swallow:
+                continue
             threading.Thread(target=self._relay, args=(data, client, drop), daemon=True).start()
 
     def _relay(self, data: bytes, client: tuple[str, int], drop: bool) -> None:

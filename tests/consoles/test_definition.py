@@ -17,7 +17,7 @@ from roadie.consoles.definition import TransportName
 from roadie.consoles.econ import TeeworldsEcon
 from roadie.consoles.module import ConsoleWorld, _Commands, tag_pattern
 from roadie.consoles.quake3 import Quake3Rcon
-from roadie.consoles.transport import ConsoleAuthFailed, ConsoleUnreachable, ReplyLost, UnsafeValue
+from roadie.consoles.transport import ConsoleAuthFailed, ConsoleUnreachable, Pacer, ReplyLost, UnsafeValue
 from roadie.errors import DefinitionError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,6 +173,29 @@ def peer_factory() -> Iterator[list[UdpPeer]]:
     yield made
     for peer in made:
         peer.close()
+
+
+def test_every_pacer_of_one_server_draws_on_one_budget_and_a_lost_reply_empties_it(tmp_path: Path) -> None:
+    """ioquake3 counts rcon packets by address, so two processes on one host (a CLI
+    command right after another, workers side by side) pace as one; another server's
+    budget is its own."""
+    now = [1000.0]
+
+    def pacer(key: str) -> Pacer:
+        return Pacer(2, 1.0, key=key, directory=tmp_path, clock=lambda: now[0])
+
+    first, second, other = pacer("quake3-h-1"), pacer("quake3-h-1"), pacer("quake3-h-2")
+    assert [first.reserve(), first.reserve()] == [0.0, 0.0]
+    assert second.reserve() == 1.0  # the burst is spent: the next moment is a second away
+    assert first.reserve() == 2.0  # and that one is taken
+    assert other.reserve() == 0.0
+    now[0] += 3.0  # what was promised is paid, and one is back
+    assert second.reserve() == 0.0
+    now[0] += 5.0
+    first.emptied()  # unanswered: the server's count may be full, whatever this host sent
+    assert second.reserve() == 1.0
+    (tmp_path / "quake3-h-1.bucket").write_text("not a bucket")
+    assert first.reserve() == 0.0  # a file not understood is a full bucket, not an error
 
 
 def test_quake3_joins_a_reply_of_several_datagrams_and_tells_lost_from_refused(peer_factory: list[UdpPeer]) -> None:

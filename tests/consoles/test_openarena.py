@@ -7,12 +7,14 @@ finishes when it can."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.consoles.servers import OPENARENA, LossyProxy, OpenArena, Project, require, wait_for
+from tests.consoles.servers import OPENARENA, PASSWORD, LossyProxy, OpenArena, Project, require, wait_for
 
 DEFINITION = "integrations/openarena/openarena.yaml"
 pytestmark = pytest.mark.timeout(400)
@@ -153,11 +155,45 @@ def test_a_lost_reply_adds_no_bot_twice_and_an_unreachable_server_leaves_cleanup
         assert len(arena.bots()) == 5  # nothing was taken down, and nothing pretends it was
 
         proxy.cut = False
+        proxy.lose_request_to(r"^kick ", times=2)  # as a server past its rcon budget drops them
         report = project.json("cleanup", str(run_id), exit_code=None)
         assert (report["status"], report["verdict"]) == ("complete", "verified_clean"), report
         assert arena.world() == before
+        kicks = [c for c in proxy.seen if c.startswith("kick ")]
+        assert (len(kicks), len(set(kicks))) == (5 + 2, 5), kicks  # the two not done were sent again
     finally:
         proxy.close()
+
+
+def test_roadie_processes_on_one_host_share_the_server_s_rcon_budget(arena: OpenArena) -> None:
+    """ioquake3 answers ten rcon packets from one address at once, then one a second, and
+    drops the rest unanswered. A second process sending right after a first (a `cleanup`
+    after a `run start`) draws on what the first left: it waits, and loses nothing."""
+    script = """
+import asyncio, sys
+from roadie.consoles.quake3 import Quake3Rcon
+from roadie.consoles.transport import ReplyLost
+
+async def main(port: int, count: int) -> None:
+    console = Quake3Rcon("127.0.0.1", port, sys.argv[3])
+    lost = 0
+    for _ in range(count):
+        try:
+            await console.send("g_gravity")
+        except ReplyLost:
+            lost += 1
+    print(lost)
+
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+"""
+    lost = []
+    for count in (10, 8):
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(arena.port), str(count), PASSWORD],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        lost.append(int(done.stdout))
+    assert lost == [0, 0]
 
 
 def test_no_event_parameter_can_send_openarena_a_second_command(arena: OpenArena, tmp_path: Path) -> None:

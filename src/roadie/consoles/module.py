@@ -63,6 +63,10 @@ Fenced = tuple[str, int, bool]
 
 KEY_PATTERN = r"[0-9a-f]{6,32}-\d+-\d+-\d+"
 """A step's idempotency key as the engine mints it: `nonce-run-phase-seq`."""
+REVERT_ROUNDS = 3
+"""How many times a revert sends its commands for what the world still shows: over UDP a
+command can be lost, or dropped by a server that rate-limits, and what the read-back shows
+still there is sent again (never blindly: only what is seen)."""
 
 
 class Bare(str):
@@ -321,14 +325,15 @@ def _add_action(module: Module, module_name: str, name: str, action: ActionDef, 
             if action.revert_key is not None:
                 for command in world.render_all(action.revert_key, context):
                     await _undo(world, command, fenced)
-            present = await _present(world, action, refs)
-            for ref in refs:
-                if ref not in present:
-                    continue  # already gone: reverting it is a success
-                assert action.revert is not None
-                for command in world.render_all(action.revert, {**context, "ref": Bare(ref), "index": 0}):
-                    await _undo(world, command, fenced)
-            still = await _present(world, action, refs)
+            still = await _present(world, action, refs)  # what is gone already is reverted
+            for _ in range(REVERT_ROUNDS):
+                if not still:
+                    break
+                for ref in [r for r in refs if r in still]:
+                    assert action.revert is not None
+                    for command in world.render_all(action.revert, {**context, "ref": Bare(ref), "index": 0}):
+                        await _undo(world, command, fenced)
+                still = await _present(world, action, refs)
         except ConsoleError as exc:
             raise _as_step_error(exc) from exc
         gone_wrong = [ref for ref in refs if ref in still]

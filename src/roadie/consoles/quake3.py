@@ -4,8 +4,9 @@ A request is one datagram, `\\xff\\xff\\xff\\xffrcon PASSWORD COMMAND`; the repl
 more datagrams `\\xff\\xff\\xff\\xffprint\\n TEXT` (the server flushes its output buffer,
 about 1000 bytes, as it fills), with no marker for the last. Nothing acknowledges a
 request: a reply lost and a request lost look the same, and so does a request the server
-dropped for coming too fast (past a burst of ten, one a second per address). Each command gets a socket of its
-own, so a late reply to an earlier command can never be read as this one's.
+dropped for coming too fast (past a burst of ten, one a second per address: the pacing is
+shared by the processes of one host, see `Pacer`). Each command gets a socket of its own, so
+a late reply to an earlier command can never be read as this one's.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Quake3Rcon(Console):
         self, host: str, port: int, password: str, *, timeout: float = 2.0, burst: int = 8, rate: float = 0.9
     ) -> None:
         super().__init__(host, port, password, timeout=timeout)
-        self._pacer = Pacer(burst, rate)
+        self._pacer = Pacer(burst, rate, key=f"quake3-{host}-{port}")
 
     async def send(self, command: str) -> str:
         packet = HEADER + b"rcon " + self._password.encode() + b" " + check_line(command).encode()
@@ -89,6 +90,7 @@ class Quake3Rcon(Console):
                             break
             except TimeoutError:
                 if not reply.parts:
+                    self._pacer.emptied()
                     raise ReplyLost(f"{self.host}:{self.port}: no reply within {self.timeout:g}s") from None
         finally:
             transport.close()

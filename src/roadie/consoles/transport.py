@@ -11,12 +11,24 @@ tokenizer, which knows separators (`;`, a newline) that would start a second com
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import math
+import os
 import re
+import stat
+import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
 
 from roadie.errors import RoadieError
+
+log = structlog.get_logger(__name__)
 
 MAX_COMMAND = 900
 """The longest command line sent, in bytes: Quake 3 reads at most 1024 bytes of a
@@ -85,26 +97,101 @@ class Pacer:
     """A token bucket: at most `burst` commands at once, then one each `1/rate` seconds.
 
     ioquake3 answers at most ten rcon packets from one address in a burst, then one a
-    second, and drops the rest without a word, which would look exactly like a reply
-    lost; so a quake3 console is paced a little under that."""
+    second, and drops the rest without a word, which looks exactly like a reply lost; so a
+    quake3 console is paced a little under that. The server counts by address, not by
+    process, so with a `key` the bucket is a file every process of this user on this host
+    shares (a `roadie cleanup` right after a `roadie run start` spends what is left of the
+    same budget, and so do workers side by side). A command is given the next free moment
+    under the file's lock and waits for it outside the lock."""
 
-    def __init__(self, burst: int, rate: float) -> None:
+    def __init__(
+        self, burst: int, rate: float, *, key: str | None = None, directory: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
         self.burst = burst
         self.interval = 1.0 / rate
-        self._tokens = float(burst)
-        self._at = time.monotonic()
-        self._lock = asyncio.Lock()
+        self._clock = clock
+        self._tokens, self._at = float(burst), clock()
+        self._path = _bucket_file(key, directory) if key is not None else None
 
     async def wait(self) -> None:
-        async with self._lock:
-            now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._at) / self.interval)
-            self._at = now
-            if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) * self.interval)
-                self._tokens = 1.0
-                self._at = time.monotonic()
-            self._tokens -= 1
+        """Until this command may be sent."""
+        delay = self.reserve()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def reserve(self) -> float:
+        """Take the next free moment for a command: how many seconds from now it is."""
+        return max(0.0, -self._count(spend=1) * self.interval)
+
+    def emptied(self) -> None:
+        """A command went unanswered: the likeliest reason is a server whose count for
+        this address is full (a process on another host, or one that paces alone), so the
+        next command waits a whole interval rather than be dropped as well."""
+        self._count(spend=0, empty=True)
+
+    def _count(self, *, spend: int, empty: bool = False) -> float:
+        """The bucket's level now, less `spend`: below zero, the moments already promised."""
+        with self._bucket() as state:
+            now = self._clock()
+            elapsed = max(0.0, now - state[1])  # never below nothing, were the clock set back
+            level = min(self.burst, state[0] + elapsed / self.interval)
+            if empty:
+                level = min(level, 0.0)
+            state[:] = [level - spend, now]
+        return state[0]
+
+    @contextlib.contextmanager
+    def _bucket(self) -> Iterator[list[float]]:
+        """The bucket's level and when it was last counted, to change in place; kept in the
+        shared file under its lock, or in this object when there is no file to share."""
+        if self._path is not None:
+            try:
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:
+                log.warning("console pacing is not shared between processes", file=str(self._path), error=str(exc))
+                self._path = None
+            else:
+                with os.fdopen(fd, "r+") as handle:
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                    state = _parse_bucket(handle.read(), self.burst, self._clock())
+                    yield state
+                    handle.seek(0)
+                    handle.truncate()
+                    handle.write(f"{state[0]!r} {state[1]!r}\n")
+                return
+        state = [self._tokens, self._at]
+        yield state
+        self._tokens, self._at = state
+
+
+def _parse_bucket(text: str, burst: int, now: float) -> list[float]:
+    try:
+        level, at = (float(part) for part in text.split())
+    except ValueError:  # new, or not ours: a full bucket
+        return [float(burst), now]
+    return [level, at] if math.isfinite(level) and math.isfinite(at) else [float(burst), now]
+
+
+def _bucket_file(key: str, directory: Path | None) -> Path | None:
+    """Where the bucket of `key` is shared: in the user's runtime directory, else in a
+    directory of the user's own under the system's temporary one; None (each process
+    paces alone) when no such directory can be had."""
+    if directory is None:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        base = Path(runtime) if runtime else Path(tempfile.gettempdir())
+        directory = base / f"roadie-pacing-{os.getuid()}"
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = directory.lstat()
+    except OSError as exc:
+        log.warning("console pacing is not shared between processes", directory=str(directory), error=str(exc))
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        log.warning("console pacing is not shared between processes: the directory is not this user's own",
+                    directory=str(directory))  # fmt: skip
+        return None
+    return directory / (re.sub(r"[^A-Za-z0-9.-]", "_", key) + ".bucket")
 
 
 class Console(ABC):
