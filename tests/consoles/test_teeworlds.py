@@ -30,8 +30,12 @@ phases:
   - name: setup
     steps:
       - {{action: core.lease, with: {{lease: tee.motd, value: "Frenzy weekend; first to 5 wins"}}}}
-      - {{action: core.lease, with: {{lease: tee.scorelimit, value: 5}}}}
-      - {{action: tee.broadcast, with: {{message: "Frenzy! First to 5 wins"}}}}
+      - action: core.lease
+        with: {{lease: tee.scorelimit, value: 5}}
+        retry: {{attempts: 100, backoff: 0.5, max_backoff: 2}}
+      - action: tee.broadcast
+        with: {{message: "Frenzy! First to 5 wins"}}
+        retry: {{attempts: 100, backoff: 0.5, max_backoff: 2}}
   - name: later
     after: {after}
     steps:
@@ -82,8 +86,9 @@ def test_a_teeworlds_server_killed_mid_event_is_reached_again_and_cleanup_ends_e
 ) -> None:
     """Teeworlds keeps its settings in memory: a SIGKILL loses the borrowed ones, and the
     restarted server reads its command line again (and has no econ until the kernel frees
-    the dead server's port). The console's connection is opened again; the later phase is
-    retried until it can be; cleanup writes only what is not back already. The worker's
+    the dead server's port). The console's connection is opened again; the steps the kill
+    may meet (the setup's last two, the later phase) are retried until they can be; cleanup
+    writes only what is not back already. The worker's
     look at a run's borrows is off here, so that the restart's loss is what cleanup meets
     (the next test is that look)."""
     project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}", keep_interval=0)
