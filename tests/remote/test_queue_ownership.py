@@ -23,6 +23,11 @@ from tests.conftest import Harness
 
 SECRET = "s3cret-for-tests"
 BODY = {"action": "spawn", "run_id": 1, "step_id": 2, "idempotency_key": "k-1", "attempt": 1, "params": {}, "fence": 1}
+DRIVEN_POLL = 0.2
+"""How often a queue whose waits the fake clock drives (`Harness.drive`) looks at the
+database: a few times a second, not a hundred. The clock moves only while no database call
+is under way, and at 0.01 s there nearly always was one, so a deadline was sometimes never
+reached (a full run failed on it, and 1 run in 3 of one such test alone)."""
 
 
 def _signed(path: str, body: dict[str, Any], *, tokens: bool = False) -> dict[str, Any]:
@@ -127,7 +132,7 @@ def test_the_gateway_gives_tokens_to_polls_that_ask_and_refuses_late_answers(har
     with the reason, and the caller never sees it."""
 
     async def body() -> None:
-        queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=0.01, deadline=60)
+        queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=DRIVEN_POLL, deadline=60)
         app = Gateway(harness.store, queue, {"lua": SECRET}, harness.registry).app()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             caller = asyncio.ensure_future(queue.submit("lua", "dispatch", "k-1", BODY))
@@ -164,7 +169,7 @@ def test_a_queued_call_nobody_takes_ends_at_its_deadline_and_is_withdrawn(harnes
     instead of waiting for ever, and the call is withdrawn."""
 
     async def body() -> None:
-        queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=0.01)
+        queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=DRIVEN_POLL)
         restore = {
             "lease": "weather", "target": "britain", "run_id": 7, "idempotency_key": "restore-7-12", "value": "clear",
             "fence": 1,
@@ -186,10 +191,7 @@ def test_an_offline_pull_module_times_out_a_restore_and_a_revert_and_withdraws_t
     worker for ever, and their calls are withdrawn: a module polling later gets nothing."""
 
     async def body() -> None:
-        # (Its waits look at the database a few times a second, not a hundred: the fake clock
-        # moves only while no database call is under way, and at 0.01 s there nearly always
-        # was one, so the deadline was sometimes never reached.)
-        queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=0.2)
+        queue = WorkQueue(harness.store, clock=harness.clock, poll_interval=DRIVEN_POLL)
         manifest = protocol.Manifest(
             module="lua",
             actions=[protocol.ActionSpec(name="spawn", reversible="ledger")],
