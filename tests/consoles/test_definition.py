@@ -192,8 +192,11 @@ def test_every_pacer_of_one_server_draws_on_one_budget_and_a_lost_reply_empties_
     now[0] += 3.0  # what was promised is paid, and one is back
     assert second.reserve() == 0.0
     now[0] += 5.0
-    first.emptied()  # unanswered: the server's count may be full, whatever this host sent
+    first.emptied()  # unanswered: the server's count was full, whatever this host sent
     assert second.reserve() == 1.0
+    now[0] += 5.0
+    first.emptied(seconds_ago=1.0)  # one interval since it was sent: one may go, no burst
+    assert [second.reserve(), second.reserve()] == [0.0, 1.0]
     (tmp_path / "quake3-h-1.bucket").write_text("not a bucket")
     assert first.reserve() == 0.0  # a file not understood is a full bucket, not an error
 

@@ -72,6 +72,7 @@ class Quake3Rcon(Console):
         except OSError as exc:
             raise ConsoleUnreachable(f"{self.host}:{self.port}: {exc}") from exc
         try:
+            sent = time.monotonic()
             transport.sendto(packet)
             try:
                 async with asyncio.timeout(self.timeout):
@@ -90,7 +91,7 @@ class Quake3Rcon(Console):
                             break
             except TimeoutError:
                 if not reply.parts:
-                    self._pacer.emptied()
+                    self._pacer.emptied(time.monotonic() - sent)
                     raise ReplyLost(f"{self.host}:{self.port}: no reply within {self.timeout:g}s") from None
         finally:
             transport.close()

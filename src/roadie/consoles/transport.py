@@ -124,20 +124,22 @@ class Pacer:
         """Take the next free moment for a command: how many seconds from now it is."""
         return max(0.0, -self._count(spend=1) * self.interval)
 
-    def emptied(self) -> None:
-        """A command went unanswered: the likeliest reason is a server whose count for
-        this address is full (a process on another host, or one that paces alone), so the
-        next command waits a whole interval rather than be dropped as well."""
-        self._count(spend=0, empty=True)
+    def emptied(self, seconds_ago: float = 0.0) -> None:
+        """A command sent `seconds_ago` went unanswered. A server that dropped it had a
+        full count for this address (a process on another host, or one pacing alone), so
+        the bucket is taken as empty then: no burst follows, only what the server has
+        let go of since."""
+        self._count(spend=0, cap=max(0.0, seconds_ago) / self.interval)
 
-    def _count(self, *, spend: int, empty: bool = False) -> float:
-        """The bucket's level now, less `spend`: below zero, the moments already promised."""
+    def _count(self, *, spend: int, cap: float | None = None) -> float:
+        """The bucket's level now, at most `cap`, less `spend`: below zero, the moments
+        already promised."""
         with self._bucket() as state:
             now = self._clock()
             elapsed = max(0.0, now - state[1])  # never below nothing, were the clock set back
             level = min(self.burst, state[0] + elapsed / self.interval)
-            if empty:
-                level = min(level, 0.0)
+            if cap is not None:
+                level = min(level, cap)
             state[:] = [level - spend, now]
         return state[0]
 
