@@ -88,9 +88,8 @@ def test_a_teeworlds_server_killed_mid_event_is_reached_again_and_cleanup_ends_e
     restarted server reads its command line again (and has no econ until the kernel frees
     the dead server's port). The console's connection is opened again; the steps the kill
     may meet (the setup's last two, the later phase) are retried until they can be; cleanup
-    writes only what is not back already. The worker's
-    look at a run's borrows is off here, so that the restart's loss is what cleanup meets
-    (the next test is that look)."""
+    writes only what is not back already. The worker's look at a run's borrows is off here,
+    so that the restart's loss is what cleanup meets (the next test is that look)."""
     project = Project(tmp_path / "roadie", "tee", DEFINITION, f"127.0.0.1:{tee.econ_port}", keep_interval=0)
     before = _world(tee)
     (project.home / "frenzy.yaml").write_text(EVENT.format(cleanup="auto", after="4s"))
