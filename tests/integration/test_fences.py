@@ -35,14 +35,10 @@ async def _lapsing_engine(h: Harness, worker_id: str) -> Engine:
 
 
 @asynccontextmanager
-async def _borrow_stalled_before_its_write(h: Harness) -> AsyncIterator[tuple[int, Callable[[], Awaitable[None]]]]:
-    """Run A borrows the dial's value 5 (its step may take 10 minutes). E1, a worker whose
-    clock stands still, reads and saves what the dial shows, then stalls before its write,
-    and its claim runs out on everyone else's clock. Yields A's id, and `land`: let E1's
-    write go on its way, and wait for E1's tick to end."""
-    a = await h.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
-    gate = Gate()
-    h.probe.before_dial_write = gate
+async def _stalled_past_its_claim(h: Harness, gate: Gate) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """E1, a worker whose clock stands still, ticks until it stops at `gate` (which the
+    caller has put in the probe), and its claim runs out on everyone else's clock. Yields
+    `land`: let E1 go on from the gate, and wait for its tick to end."""
     e1 = await _lapsing_engine(h, "e1")
     try:
         stalled = asyncio.create_task(e1.tick())
@@ -53,10 +49,22 @@ async def _borrow_stalled_before_its_write(h: Harness) -> AsyncIterator[tuple[in
             gate.open()
             await h.drive(stalled)
 
-        yield a.id, land
+        yield land
     finally:
         gate.open()
         await e1.store.close()
+
+
+@asynccontextmanager
+async def _borrow_stalled_before_its_write(h: Harness) -> AsyncIterator[tuple[int, Callable[[], Awaitable[None]]]]:
+    """Run A borrows the dial's value 5 (its step may take 10 minutes). E1 reads and saves
+    what the dial shows, then stalls before its write past its claim. Yields A's id, and
+    `land` (`_stalled_past_its_claim`)."""
+    a = await h.start(LEASE.format(value=5, hold="").replace("value: 5}", "value: 5}\n        timeout: 10m"))
+    gate = Gate()
+    h.probe.before_dial_write = gate
+    async with _stalled_past_its_claim(h, gate) as land:
+        yield a.id, land
 
 
 def test_fences_grow_with_every_claim_of_a_step_and_its_cleanup(harness: Harness) -> None:
@@ -119,19 +127,11 @@ def test_a_lapsed_workers_dispatch_after_the_cleanup_makes_nothing(harness: Harn
         run = await harness.start(one_step({"answer": [{"kind": "thing", "ref": "t-1"}]}, cleanup="manual"))
         gate = Gate()
         harness.probe.observe = gate
-        e1 = await _lapsing_engine(harness, "e1")
-        try:
-            stalled = asyncio.create_task(e1.tick())
-            await gate.reached.wait()
-            harness.clock.advance(e1.options.claim_ttl + 1)
+        async with _stalled_past_its_claim(harness, gate) as land:
             [run] = await harness.settle(run)
             assert run.status == "succeeded"
             assert (await harness.engine.clean_up(run.id)).status == "complete"
-            gate.open()
-            await harness.drive(stalled)
-        finally:
-            gate.open()
-            await e1.store.close()
+            await land()
         outcomes = [c.outcome for c in harness.probe.calls]
         assert outcomes == ["raised", "answered"]  # E1's, refused; E2's
         assert [c.fence for c in harness.probe.calls] == sorted(c.fence for c in harness.probe.calls)
