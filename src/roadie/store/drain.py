@@ -514,7 +514,8 @@ async def _held_steps(conn: AsyncConnection, dialect: str, outcomes: list[Outcom
     held: set[int] = set()
     for chunk in chunks(sorted(pairs), 200):
         given = {"b_ids": [i for i, _ in chunk], "b_tokens": sorted({t for _, t in chunk})}
-        held.update(int(r.id) for r in await conn.execute(_holding(dialect), given) if (r.id, r.claim_token) in pairs)
+        rows = await conn.execute(_holding(dialect), given)
+        held.update(int(step_id) for step_id, token in rows if (step_id, token) in pairs)
     return held
 
 

@@ -15,13 +15,17 @@ import pydantic_core
 _DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
 _NINETEEN_DIGITS = b"0" * 19
 
+# Bytes are searched with `find`, not `in`: `in` first asks whether the needle is an
+# integer (a byte), and a bytes needle answers with a TypeError raised and caught, which
+# costs twice the search. Three searches a step.
+
 
 def json_loads(text: str | bytes) -> Any:
     """A JSON column's value: orjson, which takes a third of json's time, unless the text
     holds what orjson reads otherwise or refuses (an integer past 64 bits, which it makes
     a float; NaN and infinities): json reads those exactly, as it always has."""
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
-    if _NINETEEN_DIGITS not in raw.translate(_DIGITS_AS_ZEROS):
+    if raw.translate(_DIGITS_AS_ZEROS).find(_NINETEEN_DIGITS) < 0:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -47,7 +51,7 @@ def json_dumps(value: Any, *, allow_nan: bool = True) -> str:
         text = orjson.dumps(value, option=_ORJSON_EXACT)
     except orjson.JSONEncodeError:
         return json.dumps(value, allow_nan=allow_nan)
-    if b"null" in text and _non_finite(value):
+    if text.find(b"null") >= 0 and _non_finite(value):
         return json.dumps(value, allow_nan=allow_nan)
     return text.decode()
 
@@ -61,4 +65,4 @@ def _non_finite(value: Any) -> bool:
         said = pydantic_core.to_json(value, inf_nan_mode="constants")
     except Exception:  # what it cannot write, json decides about
         return True
-    return b"NaN" in said or b"Infinity" in said
+    return said.find(b"NaN") >= 0 or said.find(b"Infinity") >= 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Container, Iterable
+from dataclasses import replace
 from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -313,13 +314,19 @@ class RunQueries(Connector):
 
         async def work(conn: AsyncConnection) -> list[PhaseCounts]:
             found = (await conn.execute(query)).all()
+            # Made by `from_rows` and read by place, not by name: a Row's attribute is found
+            # only after an AttributeError is raised and caught inside it.
+            made = from_rows(RunRow, found, definition={})
             definitions: dict[int, Any] = {}
-            for chunk in chunks([r.id for r in found if r.id not in known]):
+            for chunk in chunks([run.id for run in made if run.id not in known]):
                 wanted = select(runs.c.id, runs.c.definition).where(dialects.one_of(self.dialect, runs.c.id, chunk))
-                definitions.update((r.id, r.definition) for r in await conn.execute(wanted))
+                definitions.update(tuple(r) for r in await conn.execute(wanted))
             return [
-                PhaseCounts(from_row(RunRow, r, definition=definitions.get(r.id, {})), int(r.ready), int(r.running))
-                for r in found
+                # ready and running are the query's last two columns
+                PhaseCounts(
+                    replace(run, definition=definitions[run.id]) if run.id in definitions else run, *map(int, r[-2:])
+                )
+                for run, r in zip(made, found, strict=True)
             ]
 
         result: list[PhaseCounts] = await self._read(work)
@@ -416,10 +423,8 @@ class RunQueries(Connector):
         blank: dict[str, Any] = {} if definition else {"definition": {}}
 
         async def work(conn: AsyncConnection) -> list[RunRow]:
-            found = {
-                r.id: from_row(RunRow, r, **blank)
-                for r in await conn.execute(query.where(dialects.one_of(self.dialect, runs.c.id, run_ids)))
-            }
+            rows = await conn.execute(query.where(dialects.one_of(self.dialect, runs.c.id, run_ids)))
+            found = {run.id: run for run in from_rows(RunRow, rows, **blank)}
             missing = [i for i in run_ids if i not in found]
             if missing:
                 raise NotFound(f"no run {missing[0]}")
