@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,6 +200,29 @@ def test_every_pacer_of_one_server_draws_on_one_budget_and_a_lost_reply_empties_
     assert [second.reserve(), second.reserve()] == [0.0, 1.0]
     (tmp_path / "quake3-h-1.bucket").write_text("not a bucket")
     assert first.reserve() == 0.0  # a file not understood is a full bucket, not an error
+
+
+def test_a_quake3_server_written_two_ways_is_one_budget_named_by_its_address(
+    peer_factory: list[UdpPeer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server counts by the address its packets come from and go to, so `127.1` (or
+    `localhost`) and `127.0.0.1` in two consoles are one budget: the second console waits
+    for the first's command to be paid, and both commands reach the one server."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    peer = UdpPeer(lambda data: [b"ok"])
+    peer_factory.append(peer)
+
+    async def both() -> float:
+        await Quake3Rcon("127.0.0.1", peer.port, "pw", burst=1, rate=1.0).send("status")
+        started = time.monotonic()
+        await Quake3Rcon("127.1", peer.port, "pw", burst=1, rate=1.0).send("status")
+        return time.monotonic() - started
+
+    waited = asyncio.run(both())
+    assert waited >= 0.8  # the one command's worth of budget was spent by the other console
+    assert peer.received == [b"\xff\xff\xff\xffrcon pw status"] * 2
+    buckets = [p.name for p in tmp_path.rglob("*.bucket")]
+    assert buckets == [f"quake3-127.0.0.1-{peer.port}.bucket"]
 
 
 def test_quake3_joins_a_reply_of_several_datagrams_and_tells_lost_from_refused(peer_factory: list[UdpPeer]) -> None:

@@ -12,7 +12,9 @@ a late reply to an earlier command can never be read as this one's.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+from typing import Any
 
 from roadie.consoles.transport import (
     Console,
@@ -61,14 +63,33 @@ class Quake3Rcon(Console):
         self, host: str, port: int, password: str, *, timeout: float = 2.0, burst: int = 8, rate: float = 0.9
     ) -> None:
         super().__init__(host, port, password, timeout=timeout)
-        self._pacer = Pacer(burst, rate, key=f"quake3-{host}-{port}")
+        self._burst, self._rate = burst, rate
+        self._peer: tuple[int, Any] | None = None  # the server's address as resolved: family, sockaddr
+        self._pacer = Pacer(burst, rate)  # until the address is known
+
+    async def _resolved(self) -> tuple[int, Any]:
+        """The server's address, looked up once. The shared budget is the one the server
+        keeps for that address, so it is named by the address resolved, not as written:
+        `localhost` and `127.0.0.1` are one budget, and each command goes to the address
+        its budget is for."""
+        if self._peer is None:
+            loop = asyncio.get_running_loop()
+            try:
+                [(family, _, _, _, sockaddr), *_] = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_DGRAM)
+            except OSError as exc:
+                raise ConsoleUnreachable(f"{self.host}:{self.port}: {exc}") from exc
+            self._peer = family, sockaddr
+            address = str(sockaddr[0])  # an IP address's text (IPv4 or IPv6)
+            self._pacer = Pacer(self._burst, self._rate, key=f"quake3-{address}-{self.port}")
+        return self._peer
 
     async def send(self, command: str) -> str:
         packet = HEADER + b"rcon " + self._password.encode() + b" " + check_line(command).encode()
+        family, sockaddr = await self._resolved()
         await self._pacer.wait()
         loop = asyncio.get_running_loop()
         try:
-            transport, reply = await loop.create_datagram_endpoint(_Reply, remote_addr=(self.host, self.port))
+            transport, reply = await loop.create_datagram_endpoint(_Reply, remote_addr=sockaddr, family=family)
         except OSError as exc:
             raise ConsoleUnreachable(f"{self.host}:{self.port}: {exc}") from exc
         try:
