@@ -10,7 +10,7 @@ from sqlalchemy import bindparam, select, update
 from tests.conftest import Harness
 from tests.integration.test_ledger_rules import one_step
 
-from roadie.store import dialects
+from roadie.store import statements
 from roadie.store.executemany import execute_many
 from roadie.store.tables import run_resources
 
@@ -45,10 +45,10 @@ def test_rows_passed_in_one_pass_are_written_as_sqlalchemy_writes_them(harness: 
             update(run_resources).where(run_resources.c.ref == bindparam("b_ref")).values(state=bindparam("b_state"))
         )
         async with store.engine.begin() as conn:
-            await execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows("ours", attempts=2)))
-            await conn.execute(*dialects.insert_rows(store.dialect, run_resources, rows("theirs", attempts=2)))
+            await execute_many(conn, *statements.insert_rows(store.dialect, run_resources, rows("ours", attempts=2)))
+            await conn.execute(*statements.insert_rows(store.dialect, run_resources, rows("theirs", attempts=2)))
             # A column left to its Python default: SQLAlchemy computes it per row, so these go its way.
-            await execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows("defaulted")))
+            await execute_many(conn, *statements.insert_rows(store.dialect, run_resources, rows("defaulted")))
             changes = [{"b_ref": f"ours-{i}", "b_state": "live"} for i in range(len(PAYLOADS))]
             changed = await execute_many(conn, renamed, [*changes, {"b_ref": "none such", "b_state": "live"}])
             assert changed.rowcount == len(PAYLOADS)
@@ -75,7 +75,7 @@ def test_rows_passed_in_one_pass_are_written_as_sqlalchemy_writes_them(harness: 
 
 def test_a_value_the_same_in_every_row_is_written_as_every_row_gave_it(harness: Harness) -> None:
     """On PostgreSQL a column whose value is the same in every row goes once, not as an
-    array (`dialects.insert_rows`, `many_rows`). Equal is not the same for JSON: `1`,
+    array (`statements.insert_rows`, `many_rows`). Equal is not the same for JSON: `1`,
     `True` and `1.0` are equal in Python, and each must come back as it went in."""
 
     async def body() -> None:
@@ -113,11 +113,11 @@ def test_a_value_the_same_in_every_row_is_written_as_every_row_gave_it(harness: 
         c = run_resources.c
         async with store.engine.begin() as conn:
             for prefix in sets:
-                await execute_many(conn, *dialects.insert_rows(store.dialect, run_resources, rows(prefix)))
+                await execute_many(conn, *statements.insert_rows(store.dialect, run_resources, rows(prefix)))
             columns = {"b_ref": c.ref, "b_error": c.error, "b_at": c.updated_at}
             changes = [{"b_ref": f"s-{i}", "b_error": "gone" if i % 2 else "kept", "b_at": later} for i in range(3)]
-            fixed, params = dialects.many_rows_params(store.dialect, columns, changes)
-            source = dialects.many_rows(store.dialect, columns, fixed)
+            fixed, params = statements.many_rows_params(store.dialect, columns, changes)
+            source = statements.many_rows(store.dialect, columns, fixed)
             statement = (
                 update(run_resources)
                 .where(c.ref == source["b_ref"])

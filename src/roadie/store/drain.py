@@ -30,7 +30,7 @@ from roadie.states import (
     RunStatus,
     StepStatus,
 )
-from roadie.store import dialects
+from roadie.store import dialects, statements
 from roadie.store.connector import Connector, aware, chunks
 from roadie.store.executemany import execute_many
 from roadie.store.fences import mint_fence
@@ -163,7 +163,7 @@ class DrainQueries(Connector):
             if key not in seen:
                 seen.add(key)
                 unique_inserts.append(row)
-        await execute_many(conn, *dialects.insert_rows(self.dialect, run_resources, unique_inserts, ignore=True))
+        await execute_many(conn, *statements.insert_rows(self.dialect, run_resources, unique_inserts, ignore=True))
         # A placeholder's ref is its step's own key, so only that step's earlier attempt can
         # hold it: nothing to look up. A lease's target may be held by anyone.
         holders = await live_holders(conn, [t for t in wanted if t[1] in LEASE_KINDS])
@@ -335,7 +335,7 @@ class DrainQueries(Connector):
                     "b_log": [*(o.step.attempt_log or []), entry],
                 }
             )
-        fixed, executed = dialects.many_rows_params(self.dialect, _ENDING, params)
+        fixed, executed = statements.many_rows_params(self.dialect, _ENDING, params)
         ended = await execute_many(conn, _ending(self.dialect, fixed), executed)
         if ended.rowcount != len(params):  # pragma: no cover - the rows are locked since _held_steps
             raise ClaimLost(f"{len(params) - ended.rowcount} of {len(params)} steps changed hands while recording")
@@ -429,7 +429,7 @@ _NEXT_DUE = select(
 @cache
 def _ending(dialect: str, fixed: tuple[str, ...]) -> Update:
     """Steps ended, each with its own values (`_ENDING`, from `many_rows`)."""
-    c, ending = steps.c, dialects.many_rows(dialect, _ENDING, fixed)
+    c, ending = steps.c, statements.many_rows(dialect, _ENDING, fixed)
     return (
         update(steps)
         .where(
@@ -450,8 +450,8 @@ def _holding(dialect: str) -> Select[Any]:
     return (
         select(steps.c.id, steps.c.claim_token)
         .where(
-            dialects.one_of_param(dialect, steps.c.id, "b_ids"),
-            dialects.one_of_param(dialect, steps.c.claim_token, "b_tokens"),
+            statements.one_of_param(dialect, steps.c.id, "b_ids"),
+            statements.one_of_param(dialect, steps.c.claim_token, "b_tokens"),
             steps.c.status == StepStatus.RUNNING.value,
         )
         .with_for_update()
@@ -465,7 +465,7 @@ def _resolving(dialect: str) -> Update:
         update(run_resources)
         .where(
             run_resources.c.kind == STEP_KIND,
-            dialects.one_of_param(dialect, run_resources.c.ref, "b_refs"),
+            statements.one_of_param(dialect, run_resources.c.ref, "b_refs"),
             run_resources.c.state == ResourceState.PENDING.value,
         )
         .values(state=ResourceState.RESOLVED.value, updated_at=bindparam("b_at", type_=run_resources.c.updated_at.type))

@@ -24,7 +24,7 @@ from roadie.states import (
     ResourceState,
     StepStatus,
 )
-from roadie.store import dialects
+from roadie.store import dialects, statements
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector, after_commit, chunks
 from roadie.store.records import LiveGroup, NewResource, Outcome
@@ -388,7 +388,7 @@ def _marking(dialect: str) -> Update:
     return (
         update(runs)
         .where(
-            dialects.one_of_param(dialect, runs.c.id, "b_ids"),
+            statements.one_of_param(dialect, runs.c.id, "b_ids"),
             runs.c.cleanup_status == CleanupStatus.NOT_REQUIRED.value,
         )
         .values(cleanup_status=CleanupStatus.PENDING.value)
@@ -420,7 +420,7 @@ async def record_resources(
     if not rows:
         return
     targets = [(r["owner"], r["kind"], r["ref"]) for r in rows]
-    statement, parameters = dialects.insert_rows(dialect, run_resources, rows, ignore=True)
+    statement, parameters = statements.insert_rows(dialect, run_resources, rows, ignore=True)
     if dialects.returning_update(dialect):
         # The rows that went in are this batch's; only the targets refused by the key
         # need a look at who holds them.

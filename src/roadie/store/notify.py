@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import and_, or_, select, update
 
 from roadie.states import RunStatus
-from roadie.store import dialects
+from roadie.store import dialects, statements
 from roadie.store.connector import Connector, aware
 from roadie.store.tables import deliveries, notifications, runs, webhook_targets
 
@@ -71,7 +71,7 @@ class NotifyQueries(Connector):
             return
 
         async def work(conn: AsyncConnection) -> None:
-            await conn.execute(dialects.insert_ignore(self.dialect, webhook_targets), rows)
+            await conn.execute(statements.insert_ignore(self.dialect, webhook_targets), rows)
 
         await self._write("register_webhooks", work)
 
@@ -229,7 +229,7 @@ async def notify(
         return
     keys = [i.key for i in items]
     await conn.execute(
-        dialects.insert_ignore(dialect, notifications),
+        statements.insert_ignore(dialect, notifications),
         [
             {"dedup_key": i.key, "kind": i.kind, "run_id": i.run_id, "payload": i.payload, "created_at": now}
             for i in items
@@ -237,7 +237,7 @@ async def notify(
     )
     ids = list((await conn.execute(select(notifications.c.id).where(notifications.c.dedup_key.in_(keys)))).scalars())
     await conn.execute(
-        dialects.insert_ignore(dialect, deliveries),
+        statements.insert_ignore(dialect, deliveries),
         [
             {
                 "notification_id": nid,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from roadie.store import dialects
+from roadie.store import statements
 from roadie.store.rows import StepRow, from_row
 from roadie.store.store import Store
 from roadie.store.tables import remote_calls, remote_modules, seen_requests, steps
@@ -82,7 +82,7 @@ class QueueStore:
         }
 
         async def work(conn: AsyncConnection) -> int:
-            await conn.execute(dialects.insert_ignore(self.store.dialect, remote_calls).values(**values))
+            await conn.execute(statements.insert_ignore(self.store.dialect, remote_calls).values(**values))
             found = (
                 await conn.execute(
                     select(remote_calls.c.id, remote_calls.c.withdrawn_at).where(

@@ -35,7 +35,7 @@ from roadie.states import (
     RunStatus,
     StepStatus,
 )
-from roadie.store import dialects
+from roadie.store import statements
 from roadie.store.audit import audit_entry, record_audit
 from roadie.store.connector import Connector, chunks
 from roadie.store.executemany import execute_many
@@ -160,7 +160,7 @@ class RunQueries(Connector):
                 if len(chunk) == 1:
                     statement, parameters = runs.insert(), chunk[0]
                 else:
-                    statement, parameters = dialects.insert_rows(self.dialect, runs, list(chunk))
+                    statement, parameters = statements.insert_rows(self.dialect, runs, list(chunk))
                 # Not the definition, which is in hand: read back, it would be decoded again.
                 inserted = await conn.execute(statement.returning(*_RUN_STATE), parameters)
                 made.update((r.nonce, from_row(RunRow, r, definition=given[r.nonce])) for r in inserted)
@@ -168,7 +168,7 @@ class RunQueries(Connector):
                 # The key's unique constraint decides; the nonce says whether this insert
                 # is the one that won. (No savepoint and no RETURNING on a conflict: both
                 # behave differently on each database.)
-                await conn.execute(dialects.insert_ignore(self.dialect, runs), keyed)
+                await conn.execute(statements.insert_ignore(self.dialect, runs), keyed)
                 keys = [v["schedule_key"] for v in keyed]
                 for r in await conn.execute(select(runs).where(runs.c.schedule_key.in_(keys))):
                     made[r.nonce] = from_row(RunRow, r)
@@ -188,7 +188,7 @@ class RunQueries(Connector):
                     refused = {"event": n.event.event_id, "schedule_key": n.schedule_key, "error": n.refused}
                     entries.append(audit_entry(now, actor, "run.refused", f"run:{row.id}", refused))
             if entries:
-                await execute_many(conn, *dialects.insert_rows(self.dialect, audit, entries))
+                await execute_many(conn, *statements.insert_rows(self.dialect, audit, entries))
             return rows
 
         result: list[RunRow | None] = await self._write("create_run", work)
@@ -319,7 +319,7 @@ class RunQueries(Connector):
             made = from_rows(RunRow, found, definition={})
             definitions: dict[int, Any] = {}
             for chunk in chunks([run.id for run in made if run.id not in known]):
-                wanted = select(runs.c.id, runs.c.definition).where(dialects.one_of(self.dialect, runs.c.id, chunk))
+                wanted = select(runs.c.id, runs.c.definition).where(statements.one_of(self.dialect, runs.c.id, chunk))
                 definitions.update(tuple(r) for r in await conn.execute(wanted))
             return [
                 # ready and running are the query's last two columns
@@ -390,9 +390,9 @@ class RunQueries(Connector):
 
         async def work(conn: AsyncConnection) -> None:
             for chunk in chunks(rows):
-                await execute_many(conn, *dialects.insert_rows(self.dialect, steps, list(chunk), ignore=True))
+                await execute_many(conn, *statements.insert_rows(self.dialect, steps, list(chunk), ignore=True))
             if updates:
-                fixed, executed = dialects.many_rows_params(self.dialect, _ADVANCING, updates)
+                fixed, executed = statements.many_rows_params(self.dialect, _ADVANCING, updates)
                 await execute_many(conn, _advancing(self.dialect, fixed), executed)
             skip = [m.run.id for m in moves if m.skip_ready]
             if skip:
@@ -423,7 +423,7 @@ class RunQueries(Connector):
         blank: dict[str, Any] = {} if definition else {"definition": {}}
 
         async def work(conn: AsyncConnection) -> list[RunRow]:
-            rows = await conn.execute(query.where(dialects.one_of(self.dialect, runs.c.id, run_ids)))
+            rows = await conn.execute(query.where(statements.one_of(self.dialect, runs.c.id, run_ids)))
             found = {run.id: run for run in from_rows(RunRow, rows, **blank)}
             missing = [i for i in run_ids if i not in found]
             if missing:
@@ -479,7 +479,7 @@ def _cancelling(dialect: str) -> Select[Any]:
     """Which of the runs `b_ids` an operator has asked to stop (made once: the drain asks
     before each refill)."""
     stopping = runs.c.cancel_requested.is_(True)
-    return select(runs.c.id).where(dialects.one_of_param(dialect, runs.c.id, "b_ids"), stopping)
+    return select(runs.c.id).where(statements.one_of_param(dialect, runs.c.id, "b_ids"), stopping)
 
 
 # A run moved on: its phase and state as the engine decided them, given only if the run
@@ -504,7 +504,7 @@ _ADVANCING = {
 def _advancing(dialect: str, fixed: tuple[str, ...]) -> Update:
     """`advance_runs`' moves, each run with its own values (`_ADVANCING`, from `many_rows`):
     on PostgreSQL one statement for all of them, where an executemany sent one a run."""
-    c, moved = runs.c, dialects.many_rows(dialect, _ADVANCING, fixed)
+    c, moved = runs.c, statements.many_rows(dialect, _ADVANCING, fixed)
     return (
         update(runs)
         .where(

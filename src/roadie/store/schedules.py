@@ -13,7 +13,7 @@ from sqlalchemy import (
     update,
 )
 
-from roadie.store import dialects
+from roadie.store import statements
 from roadie.store.audit import record_audit
 from roadie.store.connector import Connector
 from roadie.store.rows import EventRow, ScheduleRow, from_row
@@ -58,7 +58,7 @@ class ScheduleQueries(Connector):
         mine = schedules.c.event_id == event_id
 
         async def work(conn: AsyncConnection) -> ScheduleRow:
-            insert = dialects.insert_ignore(self.dialect, schedules)
+            insert = statements.insert_ignore(self.dialect, schedules)
             await conn.execute(insert.values(event_id=event_id, last_occurrence=start, created_at=now, updated_at=now))
             row = (await conn.execute(select(schedules).where(mine))).one()
             return from_row(ScheduleRow, row)

@@ -16,7 +16,7 @@ from sqlalchemy import or_, select, update
 
 from roadie.errors import ClaimLost
 from roadie.states import LAYER_KIND, OVERRIDE_KIND, StepStatus
-from roadie.store import dialects
+from roadie.store import statements
 from roadie.store.connector import Connector
 from roadie.store.fences import mint_fence
 from roadie.store.tables import LIVE_STATES, lease_stacks, run_resources, steps
@@ -116,7 +116,7 @@ class StackQueries(Connector):
                 )
                 if held.first() is None:
                     raise ClaimLost(f"step {for_step[0]}'s claim is gone: {ref} is not changed for it")
-            await conn.execute(dialects.insert_ignore(self.dialect, lease_stacks), [{"ref": ref, "updated_at": now}])
+            await conn.execute(statements.insert_ignore(self.dialect, lease_stacks), [{"ref": ref, "updated_at": now}])
             taken = await conn.execute(
                 update(lease_stacks)
                 .where(
