@@ -21,6 +21,7 @@ BENCHMARKS = [
     "remote.py",
     "dbos_compare.py",
     "cli_startup.py",
+    "claim_queue.py",
 ]
 LOAD = r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d on \d+ CPUs"
 

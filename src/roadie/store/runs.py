@@ -9,6 +9,7 @@ from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from sqlalchemy import (
     CompoundSelect,
     Select,
@@ -29,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.sqltypes import NullType
 
-from roadie.errors import NotFound
+from roadie.errors import NotFound, StoreError
 from roadie.states import (
     CleanupStatus,
     RunStatus,
@@ -95,6 +96,13 @@ def _undecoded(dialect_name: str) -> CompoundSelect[Any]:
 
 
 _UNDECODED = {name: _undecoded(name) for name in ("sqlite", "postgresql", "mysql", "mariadb")}
+
+
+log = structlog.get_logger(__name__)
+
+ANALYZE_AFTER = 5_000
+"""Steps materialised at once from which PostgreSQL is asked to count the table again
+(`RunQueries._analyze_steps`)."""
 
 
 class RunQueries(Connector):
@@ -403,6 +411,20 @@ class RunQueries(Connector):
             await notify_runs(conn, self.dialect, started, ended, now)
 
         await self._write("materialise_phase" if rows else "advance_runs", work)
+        if self.dialect == "postgresql" and len(rows) >= ANALYZE_AFTER:
+            await self._analyze_steps()
+
+    async def _analyze_steps(self) -> None:
+        """Have PostgreSQL count the steps again, after many came at once: until it has,
+        it plans the claim for the table it last counted, and for a queue of tens of
+        thousands of ready steps where it counted a few it reads and sorts them all at
+        every claim (75 ms each at 50,000) instead of reading the first hundred from the
+        index (1.5 ms). Its own count (autovacuum) comes a minute or more later. A failure
+        here costs only that time, so it is told, not raised."""
+        try:
+            await self._write("analyze_steps", lambda conn: conn.exec_driver_sql("ANALYZE steps"))
+        except StoreError as exc:
+            log.warning("could not have the database count the steps again", error=exc.message)
 
     async def runs_cancelling(self, run_ids: Iterable[int]) -> set[int]:
         """Which of these runs an operator has asked to stop. One statement: the drain

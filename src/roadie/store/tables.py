@@ -229,7 +229,7 @@ steps = Table(
     Column("rejections", JSON, nullable=True),
     Column("attempt_log", JSON, nullable=True),
     UniqueConstraint("run_id", "phase", "seq"),
-    Index(None, "status", "not_before"),
+    Index(None, "status", "not_before", "id"),  # a claim's order: see migration 0015
 )
 
 run_resources = Table(
