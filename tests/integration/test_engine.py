@@ -595,6 +595,26 @@ def test_many_runs_are_started_in_one_transaction_and_one_bad_param_refuses_them
     harness.run(body)
 
 
+def test_hundreds_of_large_runs_started_at_once_all_go_in(harness: Harness) -> None:
+    """500 runs of 100 steps, about 20 MiB of definitions, started in one call. MariaDB
+    drops a statement past its `max_allowed_packet` (16 MiB) with the connection, and the
+    runs were one statement: the start failed as a lost connection, after 13 s of trying
+    again. They go in a few MiB at a time now, still in one transaction."""
+    answer = "{answer: [{kind: thing, ref: " + "r" * 200 + "}]}"  # (bytes enough: about 40 KiB a run)
+    steps = "\n".join(f"      - action: probe.make\n        name: make-{i}\n        with: {answer}" for i in range(100))
+    big = f"id: big\ncleanup: manual\nphases:\n  - name: only\n    steps:\n{steps}\n"
+
+    async def body() -> None:
+        event = await harness.apply(big)
+        before = harness.store_writes("create_run")
+        made = await harness.engine.start_runs(event, [{}] * 500, actor="ops")
+        assert harness.store_writes("create_run") == before + 1
+        assert len({r.id for r in made}) == 500
+        assert len(await harness.store.list_runs(limit=1000)) == 500
+
+    harness.run(body)
+
+
 def test_run_id_renders_into_a_steps_parameters(harness: Harness) -> None:
     """`{{ run.id }}` is the run's id, written in as text, though a run is rendered before
     its row exists."""
