@@ -36,7 +36,7 @@ from roadie.store import mint_token
 STEPS_PER_RUN = 100
 CLAIMS = 10
 TAKEN = 100
-BATCH = 50  # runs created at once (MariaDB refuses one INSERT of 500 runs' definitions)
+BATCH = 50  # runs started at once, as a schedule's burst would be
 
 
 async def _claims(url: str, queue: int) -> list[float]:
