@@ -36,16 +36,13 @@ from roadie.store import mint_token
 STEPS_PER_RUN = 100
 CLAIMS = 10
 TAKEN = 100
-BATCH = 50  # runs started at once, as a schedule's burst would be
 
 
 async def _claims(url: str, queue: int) -> list[float]:
     """Seconds for each of `CLAIMS` claims of `TAKEN` steps from a queue of `queue` ready steps."""
     store, engine, event = await open_bench(url, "ledger", STEPS_PER_RUN, TAKEN)
     try:
-        runs = queue // STEPS_PER_RUN
-        for first in range(0, runs, BATCH):
-            await engine.start_runs(event, [{}] * min(BATCH, runs - first))
+        await engine.start_runs(event, [{}] * (queue // STEPS_PER_RUN))
         await engine._advance()  # every run's phase materialised: `queue` ready steps
         seconds = []
         for _ in range(CLAIMS):

@@ -64,29 +64,26 @@ class Quake3Rcon(Console):
     ) -> None:
         super().__init__(host, port, password, timeout=timeout)
         self._burst, self._rate = burst, rate
-        self._peer: tuple[int, Any] | None = None  # the server's address as resolved: family, sockaddr
-        self._pacer = Pacer(burst, rate)  # until the address is known
+        self._peer: tuple[int, Any, Pacer] | None = None  # family, sockaddr, and its budget
 
-    async def _resolved(self) -> tuple[int, Any]:
-        """The server's address, looked up once. The shared budget is the one the server
-        keeps for that address, so it is named by the address resolved, not as written:
-        `localhost` and `127.0.0.1` are one budget, and each command goes to the address
-        its budget is for."""
+    async def _resolved(self) -> tuple[int, Any, Pacer]:
+        """The server's address, looked up once, and the budget the server keeps for it:
+        named by the address resolved, not as written (`localhost` and `127.0.0.1` are
+        one budget), and each command goes to the address its budget is for."""
         if self._peer is None:
             loop = asyncio.get_running_loop()
             try:
                 [(family, _, _, _, sockaddr), *_] = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_DGRAM)
             except OSError as exc:
                 raise ConsoleUnreachable(f"{self.host}:{self.port}: {exc}") from exc
-            self._peer = family, sockaddr
             address = str(sockaddr[0])  # an IP address's text (IPv4 or IPv6)
-            self._pacer = Pacer(self._burst, self._rate, key=f"quake3-{address}-{self.port}")
+            self._peer = family, sockaddr, Pacer(self._burst, self._rate, key=f"quake3-{address}-{self.port}")
         return self._peer
 
     async def send(self, command: str) -> str:
         packet = HEADER + b"rcon " + self._password.encode() + b" " + check_line(command).encode()
-        family, sockaddr = await self._resolved()
-        await self._pacer.wait()
+        family, sockaddr, pacer = await self._resolved()
+        await pacer.wait()
         loop = asyncio.get_running_loop()
         try:
             transport, reply = await loop.create_datagram_endpoint(_Reply, remote_addr=sockaddr, family=family)
@@ -112,7 +109,7 @@ class Quake3Rcon(Console):
                             break
             except TimeoutError:
                 if not reply.parts:
-                    self._pacer.emptied(time.monotonic() - sent)
+                    pacer.emptied(time.monotonic() - sent)
                     raise ReplyLost(f"{self.host}:{self.port}: no reply within {self.timeout:g}s") from None
         finally:
             transport.close()

@@ -14,8 +14,7 @@ import pydantic_core
 # four times as long as orjson's whole decoding).
 _DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
 _NINETEEN_DIGITS = b"0" * 19
-
-# Bytes are searched with `find`, not `in`: `in` first asks whether the needle is an
+# Bytes are searched here with `find`, not `in`: `in` first asks whether the needle is an
 # integer (a byte), and a bytes needle answers with a TypeError raised and caught, which
 # costs twice the search. Three searches a step.
 
