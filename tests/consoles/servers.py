@@ -218,6 +218,11 @@ class Teeworlds(Server):
                     ours = runs[-1][0]
                     mine = [out for cid, cmd, out in runs if cid == ours and cmd == command]
                     replies.append("\n".join(mine[-1]) if mine else "")
+                # Leave as Roadie does, by logout: Teeworlds dies of SIGPIPE when a client
+                # that hung up first is sent a line (see TeeworldsEcon.close).
+                s.sendall(b"logout\n")
+                while reader.readline():
+                    pass
                 return replies
         except (OSError, AssertionError):
             return None

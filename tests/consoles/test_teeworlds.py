@@ -6,7 +6,9 @@ killed and restarted, and no event parameter able to send a second command."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from roadie.consoles.econ import TeeworldsEcon
+from roadie.consoles.transport import ConsoleError
 from roadie.web import WebOptions, create_app
 from tests.consoles.servers import PASSWORD, TEEWORLDS, Project, Teeworlds, require, wait_for
 from tests.web.conftest import mint_tokens
@@ -250,3 +253,53 @@ def test_another_econ_client_s_output_is_never_read_as_roadie_s_reply(tee: Teewo
         stop.set()
         other.join(30)
     assert got == ["Value: welcome"] * 40, sorted(set(got))
+
+
+def test_roadie_leaving_econ_never_kills_the_server(tee: Teeworlds) -> None:
+    """Teeworlds 0.7 does not ignore SIGPIPE: a client that hangs up while the server is
+    writing everyone's output may be sent one more line, and the server dies of it (a plain
+    close here killed it within a hundred leaves in most tries). Roadie leaves by `logout`,
+    so the server closes the connection itself: a hundred leaves while an admin's session
+    keeps the server talking, and the server is still there."""
+    stop = threading.Event()
+    session = socket.create_connection(("127.0.0.1", tee.econ_port), timeout=30)
+    lines = session.makefile("rb")
+    while b"password" not in lines.readline().lower():
+        pass
+    session.sendall(PASSWORD.encode() + b"\n")
+    assert b"successful" in lines.readline()
+
+    def hear() -> None:  # everyone's output, until the server closes the session
+        while lines.readline():
+            pass
+
+    hearing = threading.Thread(target=hear, daemon=True)
+    hearing.start()
+
+    def talk() -> None:
+        with contextlib.suppress(OSError):  # a server that died: said below, with its log
+            while not stop.is_set():
+                session.sendall(b"sv_scorelimit\n" * 20)
+
+    talking = threading.Thread(target=talk, daemon=True)
+    talking.start()
+
+    async def leaves() -> None:
+        for _ in range(100):
+            console = TeeworldsEcon("127.0.0.1", tee.econ_port, PASSWORD)
+            assert await console.send("sv_motd") == "Value: welcome"
+            await console.close()
+
+    try:
+        asyncio.run(leaves())
+    except ConsoleError:
+        tee.alive()  # a server that died says so, with its log
+        raise
+    finally:
+        stop.set()
+        talking.join(30)
+    tee.alive()
+    session.sendall(b"logout\n")
+    hearing.join(30)
+    session.close()
+    assert not hearing.is_alive()

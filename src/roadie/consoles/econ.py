@@ -15,6 +15,7 @@ command's fate unknown (`ReplyLost`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import secrets
@@ -77,6 +78,21 @@ class TeeworldsEcon(TcpConsole):
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 await self._drop()
                 raise ReplyLost(f"{self.host}:{self.port}: {type(exc).__name__} after the command was sent") from exc
+
+    async def close(self) -> None:
+        """Leave by `logout`, so the server closes the connection itself. Teeworlds 0.7 does
+        not ignore SIGPIPE: a client that hangs up first may be sent a line of somebody
+        else's output before the server notices, and the server dies of it."""
+        async with self._lock:
+            if (kept := self._open()) is not None:
+                reader, writer = kept
+                with contextlib.suppress(OSError, TimeoutError):
+                    writer.write(b"logout\n")
+                    await writer.drain()
+                    async with asyncio.timeout(self.timeout):
+                        while await reader.read(1 << 16):  # until the server has closed it
+                            pass
+            await self._drop()
 
 
 def _reply(runs: list[tuple[str, str, list[str]]], line: str, marker: str, unlogged: list[str]) -> str:
