@@ -13,13 +13,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-import structlog
-
 from roadie.config import Settings, check_engine, load_settings
+from roadie.log import get_logger
 from roadie.store import dialects
 from roadie.store.connector import Connector
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # The engine, the registry, the remote modules and the whole store are imported by what
 # opens them (`open_context`), not with this module: `open_store` loads none of them.

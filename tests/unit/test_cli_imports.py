@@ -117,7 +117,7 @@ def test_run_list_opens_the_database_alone(tmp_path: Path) -> None:
     runs alone, not those of every other concern; Alembic is not loaded to find the
     schema at the newest migration; and the SQLite file is read with a blocking engine,
     without SQLAlchemy's asyncio extension (nor the ORM it loads), aiosqlite or the
-    dialect of MySQL."""
+    dialects of MySQL and PostgreSQL. It logs nothing, so structlog is not loaded."""
     subprocess.run([sys.executable, "-m", "roadie.cli.main", "init"], cwd=tmp_path, check=True, capture_output=True)
     modules, printed = loaded(["run", "list"], tmp_path)
     assert "roadie.store.runs" in modules
@@ -125,7 +125,8 @@ def test_run_list_opens_the_database_alone(tmp_path: Path) -> None:
     assert among(modules, (*unread, "httpx", "fastapi", "yaml", "jinja2")) == []
     other_concerns = ("roadie.store.store", "roadie.store.drain", "roadie.store.ledger", "roadie.store.cleanups")
     assert among(modules, other_concerns) == []
-    assert among(modules, ("sqlalchemy.ext.asyncio", "sqlalchemy.orm", "aiosqlite", "sqlalchemy.dialects.mysql")) == []
+    unused = ("sqlalchemy.ext.asyncio", "sqlalchemy.orm", "aiosqlite", "sqlalchemy.dialects.mysql")
+    assert among(modules, (*unused, "sqlalchemy.dialects.postgresql", "structlog")) == []
     assert "┃ run ┃" in printed
 
 
@@ -133,3 +134,16 @@ def test_the_rule_names_in_the_help_are_the_checks() -> None:
     """`roadie conformance --rule` names the rules without loading the checks: the names it
     holds are those of the checks, in their order."""
     assert list(cli_conformance.RULE_NAMES) == RULE_NAMES
+
+
+def test_logging_is_set_up_as_asked_when_a_command_first_logs(tmp_path: Path) -> None:
+    """structlog is loaded, and configured, only when a command logs: the configuration
+    asked for on the command line still governs its first line and the rest."""
+    roadie = [sys.executable, "-m", "roadie.cli.main"]
+    asked = subprocess.run([*roadie, "--log-level", "debug", "--log-json", "init"], cwd=tmp_path,
+                           check=True, capture_output=True, text=True, timeout=60)  # fmt: skip
+    lines = [json.loads(line) for line in asked.stderr.splitlines()]
+    assert lines, asked.stderr
+    assert (lines[0]["event"], lines[0]["level"]) == ("module loaded", "debug"), asked.stderr
+    quiet = subprocess.run([*roadie, "init"], cwd=tmp_path, check=True, capture_output=True, text=True, timeout=60)
+    assert "module loaded" not in quiet.stderr  # the default level is warning

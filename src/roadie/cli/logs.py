@@ -6,8 +6,24 @@ What every command opens (settings, the store, the registry, an engine) is
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import sys
+from collections.abc import Iterator
+
+from roadie import log
+
+
+@contextlib.contextmanager
+def configured_logging(level: str = "warning", *, json: bool = False) -> Iterator[None]:
+    """Logging for one command, set up when it first logs: one that logs nothing (a
+    listing) never loads structlog (`roadie.log`)."""
+    log.configure(functools.partial(configure_logging, level, json=json))
+    try:
+        yield
+    finally:
+        log.configure(None)
 
 
 def configure_logging(level: str = "warning", *, json: bool = False) -> None:

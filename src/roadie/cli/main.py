@@ -18,7 +18,7 @@ from roadie.cli.cleanup import audit, cleanup, forget, leases, sweep
 from roadie.cli.conformance import conformance, secret
 from roadie.cli.events import event_app
 from roadie.cli.help import Command, Group
-from roadie.cli.logs import configure_logging
+from roadie.cli.logs import configured_logging
 from roadie.cli.runs import run_app
 from roadie.cli.sandbox import demo, sandbox_app
 from roadie.cli.web import serve, token_app
@@ -104,14 +104,14 @@ _logging: dict[str, Any] = {"level": "warning", "json": False}
 
 
 def _logged(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`command`, setting logging up first. The callback runs for `roadie run --help` too,
-    before the command's options are read; setting logging up there would load its library
-    (structlog, most of a tenth of a second) to print a help text."""
+    """`command`, with logging set up as it asked (when it first logs). The callback runs
+    for `roadie run --help` too, before the command's options are read, so it only keeps
+    what was asked."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
-        configure_logging(_logging["level"], json=_logging["json"])
-        return command(*args, **kwargs)
+        with configured_logging(_logging["level"], json=_logging["json"]):
+            return command(*args, **kwargs)
 
     return run
 

@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 from jinja2 import StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel
@@ -37,6 +36,7 @@ from roadie.consoles.transport import (
     check_line,
 )
 from roadie.errors import ConfigError, PermanentError, RetryableError
+from roadie.log import get_logger
 from roadie.protocol import lease_fence_target
 from roadie.registry import (
     Answer,
@@ -56,7 +56,7 @@ from roadie.registry.fences import FenceMarks
 from roadie.remote.schema import params_model
 from roadie.states import Reversible
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Fenced = tuple[str, int, bool]
 """What a command is sent for: a target, the fence of its call, whether it is a lease's."""

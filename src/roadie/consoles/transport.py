@@ -24,11 +24,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from roadie.errors import RoadieError
+from roadie.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_COMMAND = 900
 """The longest command line sent, in bytes: Quake 3 reads at most 1024 bytes of a

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-import structlog
-
 from roadie.definitions import FrozenDefinition
 from roadie.definitions.render import fill_run_id
 from roadie.engine import leases
@@ -14,11 +12,12 @@ from roadie.engine.base import EngineState, earliest
 from roadie.errors import (
     RoadieError,
 )
+from roadie.log import get_logger
 from roadie.states import RunStatus
 from roadie.store import NewStep, RunMove
 from roadie.store.rows import RunRow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Advance(EngineState):

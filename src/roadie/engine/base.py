@@ -10,16 +10,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock
 from roadie.definitions import FrozenDefinition
 from roadie.engine.cleanup import Cleanup
+from roadie.log import get_logger
 from roadie.registry import Registry
 from roadie.states import StepStatus
 from roadie.store import Outcome, Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Observer = Callable[[str, dict[str, Any]], None]
 

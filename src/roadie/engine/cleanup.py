@@ -17,12 +17,11 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock
 from roadie.engine import leases
 from roadie.engine.verify import LATE_AFTER, Verifier, late
 from roadie.errors import ClaimLost, HandedBack, InvalidState, RoadieError, StoreError, UnknownAction
+from roadie.log import get_logger
 from roadie.registry import Registry, Resource, RevertCall, RevertFailure
 from roadie.registry.module import maybe_await
 from roadie.states import (
@@ -41,7 +40,7 @@ from roadie.store import CleanupClaim, Store, mint_token
 from roadie.store.records import LiveGroup
 from roadie.store.rows import ResourceRow, RunRow, StepRow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 PAGE_ROWS = 500  # live rows read at a time, with the older rows of the steps they start
 REVERT_BATCH = 1000  # resources per revert call; a step with more is reverted in slices
 

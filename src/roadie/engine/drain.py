@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-import structlog
 from pydantic import ValidationError
 
 from roadie.definitions import RetryPolicy
@@ -32,12 +31,13 @@ from roadie.errors import (
     Superseded,
     UnknownAction,
 )
+from roadie.log import get_logger
 from roadie.registry import Call
 from roadie.states import WAIT_ACTION, Reversible, StepStatus
 from roadie.store import Claimed, Outcome, dialects, mint_token
 from roadie.store.rows import StepRow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 RECORD_ATTEMPTS = 20  # consecutive failures to record a batch before the tick gives up
 STORE_ATTEMPTS = 10  # attempts of a step whose own bookkeeping the database failed, whatever its retry says

@@ -21,8 +21,6 @@ from datetime import datetime, timedelta
 from importlib import metadata
 from typing import Any, overload
 
-import structlog
-
 from roadie.clock import Clock, FakeClock, SystemClock
 from roadie.definitions import FrozenDefinition
 from roadie.engine import leases, runs, schedules
@@ -39,12 +37,13 @@ from roadie.errors import (
     RoadieError,
     StoreError,
 )
+from roadie.log import get_logger
 from roadie.registry import Registry
 from roadie.states import RunStatus, awaits_auto_cleanup
 from roadie.store import Store
 from roadie.store.rows import EventRow, RunRow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Engine(Drain):

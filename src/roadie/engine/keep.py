@@ -26,17 +26,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock
 from roadie.engine.leases import lease_call
 from roadie.errors import RoadieError, StoreError
+from roadie.log import get_logger
 from roadie.registry import InspectCall, Registry, Resource
 from roadie.registry.module import maybe_await
 from roadie.store import Store, mint_token
 from roadie.store.keep import Borrow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ANNOUNCE_LOOK = 3.0  # seconds between a worker's asks whether a module announced itself again
 LOST_GRACE = 20.0  # seconds after an announce before what the module's world lost is looked for

@@ -14,10 +14,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock
 from roadie.errors import ClaimLost, PermanentError, RetryableError
+from roadie.log import get_logger
 from roadie.registry import LeaseCall, Registry
 from roadie.registry.module import Lease, maybe_await
 from roadie.states import LAYER_KIND, StepStatus
@@ -25,7 +24,7 @@ from roadie.store import Outcome, Store, mint_token
 from roadie.store.rows import ResourceRow, StepRow
 from roadie.store.stacks import Layer, Stack
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def lease_ref(registry: Registry, params: dict[str, Any]) -> str:

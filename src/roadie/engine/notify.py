@@ -22,16 +22,16 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import httpx
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from standardwebhooks import Webhook as Signer
 
 from roadie.clock import Clock
 from roadie.errors import ConfigError
+from roadie.log import get_logger
 from roadie.store import Store, mint_token
 from roadie.store.notify import Delivery
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # The pause before each retry; past the last, the delivery is given up (about four hours
 # in all, so a receiver down for a maintenance window still gets it).

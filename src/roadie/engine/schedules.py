@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
-import structlog
 from croniter import croniter
 from pydantic import ValidationError
 
@@ -28,11 +27,12 @@ from roadie.definitions import CatchUp, ScheduleDef
 from roadie.engine import runs
 from roadie.engine.base import EngineOptions
 from roadie.errors import RoadieError, StoreError
+from roadie.log import get_logger
 from roadie.registry import Registry
 from roadie.store import Store
 from roadie.store.rows import EventRow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # With `catch_up: none`, an occurrence still fires when a worker sees it at most this late:
 # a tick is never exactly on time, and "on time" should survive a busy worker.

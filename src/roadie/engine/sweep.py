@@ -16,17 +16,16 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock
 from roadie.engine.verify import LISTED
 from roadie.errors import RoadieError, UnknownAction
+from roadie.log import get_logger
 from roadie.registry import Registry, Resource, RevertCall, Tagged, TaggedCall, TaggedPage
 from roadie.registry.module import Module, maybe_await
 from roadie.states import RunStatus
 from roadie.store import Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 PAGE = 500  # tagged objects asked for at a time
 
 

@@ -13,18 +13,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock
 from roadie.engine.leases import lease_call, stack_ref
 from roadie.errors import RoadieError, UnknownAction
+from roadie.log import get_logger
 from roadie.registry import InspectCall, Inspected, Registry, Resource
 from roadie.registry.module import maybe_await
 from roadie.states import LAYER_KIND, LEASE_KINDS, STEP_KIND, Verdict
 from roadie.store import CleanupClaim, Store
 from roadie.store.rows import ResourceRow, StepRow
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 PAGE_ROWS = 1000  # reverted rows read back at a time
 LISTED = 50  # findings named one by one in a verdict; beyond that they are counted
 LATE_AFTER = 5.0  # seconds past its moment after which a teardown is reported late

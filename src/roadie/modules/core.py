@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from roadie.durations import Duration
+from roadie.log import get_logger
 from roadie.registry.module import Call, Module
 from roadie.states import Reversible
 
 module = Module("core", "Roadie's own actions")
-log = structlog.get_logger("roadie.event")
+log = get_logger("roadie.event")
 
 
 class LeaseParams(BaseModel):

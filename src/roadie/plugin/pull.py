@@ -17,16 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-import structlog
 from pydantic import ValidationError
 
 from roadie import protocol
 from roadie.clock import Clock
 from roadie.errors import RetryableError, RoadieError
+from roadie.log import get_logger
 from roadie.plugin.server import Faults, ModuleServer, Reply, View
 from roadie.registry.module import Module
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class PullClient:

@@ -26,7 +26,6 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
-import structlog
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from roadie import protocol
 from roadie.clock import Clock, SystemClock
 from roadie.errors import ConfigError, PermanentError, RetryableError, RoadieError, StepError, Superseded
+from roadie.log import get_logger
 from roadie.plugin.ledger import KeyLedger
 from roadie.plugin.wire import (
     AnswerDropped,
@@ -81,7 +81,7 @@ __all__ = [
     "wire_resource",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 View = Callable[[Any], Any]
 """A signed GET endpoint of the server's own: given the module's state, answers JSON."""

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock, SystemClock
 from roadie.errors import ConfigError, RegistryError, UnknownAction, UnknownLease
+from roadie.log import get_logger
 from roadie.registry.module import Action, Lease, Module, ModuleConfig, maybe_await
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 ENTRY_POINT_GROUP = "roadie.modules"
 
 

@@ -10,16 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from roadie.errors import ConfigError
+from roadie.log import get_logger
 from roadie.registry import Module, Registry
 from roadie.remote import protocol
 from roadie.remote.client import RemoteModule, RemoteSettings, is_remote, push_module, read_cached, write_cached
 from roadie.remote.queue import PullTransport, WorkQueue
 from roadie.store.store import Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

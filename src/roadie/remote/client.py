@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx2
-import structlog
 from pydantic import ValidationError
 
 from roadie.clock import Clock, SystemClock
@@ -32,6 +31,7 @@ from roadie.errors import (
     StepTimeout,
     Superseded,
 )
+from roadie.log import get_logger
 from roadie.registry.module import (
     Call,
     InspectCall,
@@ -48,7 +48,7 @@ from roadie.remote import protocol
 from roadie.remote.schema import check_value_schema, params_model
 from roadie.states import Reversible
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # How often cleanup-side calls (revert, inspect, lease) are tried before the failure is
 # cleanup's to report: they are idempotent by key, and a module server restarting should

@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-import structlog
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -29,6 +28,7 @@ from pydantic import ValidationError
 
 from roadie.engine.ledger import normalise
 from roadie.errors import InvalidState
+from roadie.log import get_logger
 from roadie.registry import Registry
 from roadie.remote import protocol
 from roadie.remote.queue import WorkQueue
@@ -37,7 +37,7 @@ from roadie.store import NewResource
 from roadie.store.queue import QueuedCall
 from roadie.store.store import Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class _Refused(Exception):

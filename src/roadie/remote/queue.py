@@ -15,15 +15,14 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any
 
-import structlog
-
 from roadie.clock import Clock, SystemClock
 from roadie.errors import StepTimeout
+from roadie.log import get_logger
 from roadie.remote import protocol
 from roadie.store.queue import AnswerTaken, QueuedCall, QueueStore
 from roadie.store.store import Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class WorkQueue:

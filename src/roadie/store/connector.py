@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self
 
-import structlog
 from sqlalchemy import event, select
 from sqlalchemy.exc import DBAPIError
 
 from roadie.errors import StoreError
+from roadie.log import get_logger
 from roadie.store import dialects, migrate
 from roadie.store.tables import UTCDateTime
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
     from sqlalchemy.pool import ConnectionPoolEntry
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 WritePoint = Callable[[str], None]
 TRANSIENT_ATTEMPTS = 8

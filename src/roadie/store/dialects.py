@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import structlog
 from sqlalchemy import (
     Select,
     Table,
@@ -18,13 +17,14 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, IntegrityError
 
 from roadie.errors import ConfigError, StoreError
+from roadie.log import get_logger
 from roadie.store.json_text import json_dumps, json_loads
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",

@@ -7,7 +7,6 @@ from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING
 
-import structlog
 from sqlalchemy import (
     Insert,
     Update,
@@ -19,6 +18,7 @@ from sqlalchemy import (
 )
 
 from roadie.errors import InvalidState, NotFound, StoreError
+from roadie.log import get_logger
 from roadie.states import (
     CleanupStatus,
     ResourceState,
@@ -38,7 +38,7 @@ from roadie.store.tables import (
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 FRESHEN_ABOVE = 10_000  # live rows of one run past which stale statistics cost a cleanup dearly
 
 

@@ -11,17 +11,17 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from sqlalchemy import Connection, inspect
 from sqlalchemy.exc import DBAPIError
 
 from roadie.errors import StoreError
+from roadie.log import get_logger
 from roadie.store.dialects import MYSQL_FAMILY
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

@@ -9,7 +9,6 @@ from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from sqlalchemy import (
     CompoundSelect,
     Select,
@@ -31,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.sqltypes import NullType
 
 from roadie.errors import NotFound, StoreError
+from roadie.log import get_logger
 from roadie.states import (
     CleanupStatus,
     RunStatus,
@@ -55,7 +55,7 @@ from roadie.store.tables import (
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Every view of a run (its page, the API's run) reads these: built once, with the run's id
 # bound at execution. Against building them per request, the run page's app took 19 % less

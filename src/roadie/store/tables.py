@@ -265,10 +265,12 @@ run_resources = Table(
         "ref",
         unique=True,
         sqlite_where=text("state IN ('pending', 'live')"),
-        postgresql_where=text("state IN ('pending', 'live')"),
     ),
-    # MariaDB has no partial indexes: there migration 0001 builds the same key from a
-    # generated column that is NULL for rows that no longer hold their target.
+    # Migration 0001 builds this key on every database: the same partial index on
+    # PostgreSQL (not named here: a `postgresql_where` has SQLAlchemy load its PostgreSQL
+    # dialect in every process, 0.04 s of a command's start on SQLite), and on MariaDB,
+    # which has no partial indexes, a unique generated column that is NULL for rows that
+    # no longer hold their target.
 )
 
 audit = Table(

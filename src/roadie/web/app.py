@@ -15,7 +15,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -27,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roadie.definitions import schema as event_schema
 from roadie.errors import DefinitionError, HandedBack, InvalidState, NotFound, RoadieError, StoreError
+from roadie.log import get_logger
 from roadie.remote.gateway import gateway_router
 from roadie.runtime import Context, open_context
 from roadie.web import api, bodies, dashboard, streams
@@ -36,7 +36,7 @@ from roadie.web.metrics import CONTENT_TYPE, Metrics
 from roadie.web.outage import PING_TIMEOUT, DatabaseWatch, RefuseWhileDown
 from roadie.web.state import WebOptions, WebState
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 STATIC = Path(__file__).parent / "static"
 ContextOpener = Callable[[WebOptions], AbstractAsyncContextManager[Context]]
 

@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import structlog
 from jinja2 import Environment
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from roadie.log import get_logger
 from roadie.store import Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 LOOK_EVERY = 1.0
 PING_TIMEOUT = 2.0
