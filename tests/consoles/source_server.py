@@ -11,6 +11,7 @@ entities, game rules and a time of day.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import struct
 import threading
@@ -35,6 +36,7 @@ class SourceServer:
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -46,6 +48,18 @@ class SourceServer:
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
+
+    def hang_up(self) -> None:
+        """Close every client's connection, as a server that restarts does."""
+
+        async def hang_up() -> None:
+            for writer in self._writers:
+                writer.close()
+            for writer in self._writers:
+                with contextlib.suppress(ConnectionError):
+                    await writer.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(hang_up(), self._loop).result(10)
 
     def close(self) -> None:
         async def stop() -> None:
@@ -62,6 +76,7 @@ class SourceServer:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         authed = False
+        self._writers.append(writer)
         try:
             while True:
                 (size,) = struct.unpack("<i", await reader.readexactly(4))

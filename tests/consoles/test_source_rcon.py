@@ -53,6 +53,27 @@ def test_a_reply_split_across_packets_is_read_whole_and_the_next_is_not_mixed_in
     assert short == "The time is 1000"
 
 
+def test_a_connection_the_server_closed_while_idle_is_opened_again_before_the_command(server: SourceServer) -> None:
+    """A server that restarts (or drops its clients) between two commands: the next one is
+    sent on a new connection and answered, not written into the closed one and reported
+    as possibly lost (which makes a write read the world back before going on)."""
+
+    async def go() -> list[str]:
+        console = SourceRcon("127.0.0.1", server.port, PASSWORD)
+        try:
+            first = await console.send("time set 2000")
+            server.hang_up()
+            async with asyncio.timeout(10):  # until this side has heard the hang-up
+                while not console._reader or not console._reader.at_eof():
+                    await asyncio.sleep(0.01)
+            return [first, await console.send("time query daytime"), await console.send("time query daytime")]
+        finally:
+            await console.close()
+
+    assert asyncio.run(go()) == ["Set the time to 2000", "The time is 2000", "The time is 2000"]
+    assert server.commands.count("time query daytime") == 2
+
+
 def test_a_refused_password_is_an_authentication_failure(server: SourceServer) -> None:
     async def go() -> None:
         console = SourceRcon("127.0.0.1", server.port, "wrong")

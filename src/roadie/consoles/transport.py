@@ -254,7 +254,9 @@ class TcpConsole(Console):
         """The kept connection, or a new one logged in: nothing is sent on a connection that
         could not be made (`ConsoleUnreachable`) or whose password was refused."""
         if (kept := self._open()) is not None:
-            return kept
+            if await _still_open(kept[0]):
+                return kept
+            await self._drop()
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -279,3 +281,17 @@ class TcpConsole(Console):
 
     async def close(self) -> None:
         await self._drop()
+
+
+async def _still_open(reader: asyncio.StreamReader) -> bool:
+    """Whether a kept connection is still open, having read and dropped what already waits
+    on it (output that came while no command was waiting, never the reply to one not yet
+    sent). A server that restarted, or dropped this client, closed it: found now, a new
+    connection carries the command, whose fate is then not left unknown."""
+    while True:
+        try:
+            async with asyncio.timeout(0):  # what is there already; never a wait
+                if not await reader.read(1 << 16):
+                    return False
+        except TimeoutError:
+            return True
