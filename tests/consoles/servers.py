@@ -183,7 +183,7 @@ class Teeworlds(Server):
         # Teeworlds binds its econ port without SO_REUSEADDR: after a SIGKILL the port is
         # held by the dead server's connections until the kernel lets them go (up to a
         # minute), and a server started before that runs with no econ at all.
-        wait_for("the econ port to be free", lambda: _bindable(self.econ_port), 120, every=0.5)
+        wait_for("the econ port to be free", lambda: bindable(self.econ_port), 120, every=0.5)
         super().start()
 
     def ready(self) -> None:
@@ -218,9 +218,10 @@ class Teeworlds(Server):
                     ours = runs[-1][0]
                     mine = [out for cid, cmd, out in runs if cid == ours and cmd == command]
                     replies.append("\n".join(mine[-1]) if mine else "")
-                # Leave as Roadie does, by logout: Teeworlds dies of SIGPIPE when a client
-                # that hung up first is sent a line (see TeeworldsEcon.close).
-                s.sendall(b"logout\n")
+                # Leave as Roadie does, by closing this half and reading to the end:
+                # Teeworlds dies of SIGPIPE when a client that hung up whole is sent a line
+                # (see TeeworldsEcon.close).
+                s.shutdown(socket.SHUT_WR)
                 while reader.readline():
                     pass
                 return replies
@@ -234,7 +235,7 @@ class Teeworlds(Server):
         return found.group(1)
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))

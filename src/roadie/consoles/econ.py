@@ -80,15 +80,16 @@ class TeeworldsEcon(TcpConsole):
                 raise ReplyLost(f"{self.host}:{self.port}: {type(exc).__name__} after the command was sent") from exc
 
     async def close(self) -> None:
-        """Leave by `logout`, so the server closes the connection itself. Teeworlds 0.7 does
-        not ignore SIGPIPE: a client that hangs up first may be sent a line of somebody
-        else's output before the server notices, and the server dies of it."""
+        """Leave by closing this side's half only, and hear the server out until it closes
+        its own. Teeworlds 0.7 does not ignore SIGPIPE: a client that hangs up whole may be
+        sent a line of somebody else's output before the server notices, and the server
+        dies of it. (`logout` would have the server close first, which leaves its econ port
+        in TIME_WAIT: a server restarted within the minute after could not bind it.)"""
         async with self._lock:
             if (kept := self._open()) is not None:
                 reader, writer = kept
                 with contextlib.suppress(OSError, TimeoutError):
-                    writer.write(b"logout\n")
-                    await writer.drain()
+                    writer.write_eof()
                     async with asyncio.timeout(self.timeout):
                         while await reader.read(1 << 16):  # until the server has closed it
                             pass
