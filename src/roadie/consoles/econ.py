@@ -86,7 +86,7 @@ class TeeworldsEcon(TcpConsole):
         dies of it. (`logout` would have the server close first, which leaves its econ port
         in TIME_WAIT: a server restarted within the minute after could not bind it.)"""
         async with self._lock:
-            if (kept := self._open()) is not None:
+            if (kept := await self._kept()) is not None:  # (one the server closed is reset)
                 reader, writer = kept
                 with contextlib.suppress(OSError, TimeoutError):
                     writer.write_eof()

@@ -252,14 +252,22 @@ class TcpConsole(Console):
             return self._reader, self._writer
         return None
 
+    async def _kept(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The kept connection if the server has not closed it, what already waited on it
+        read and dropped; one the server closed is reset (`_reset_on_close`) and let go."""
+        if (kept := self._open()) is None:
+            return None
+        if await _still_open(kept[0]):
+            return kept
+        _reset_on_close(kept[1])
+        await self._drop()
+        return None
+
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """The kept connection, or a new one logged in: nothing is sent on a connection that
         could not be made (`ConsoleUnreachable`) or whose password was refused."""
-        if (kept := self._open()) is not None:
-            if await _still_open(kept[0]):
-                return kept
-            _reset_on_close(kept[1])
-            await self._drop()
+        if (kept := await self._kept()) is not None:
+            return kept
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_connection(self.host, self.port)
